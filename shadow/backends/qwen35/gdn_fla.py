@@ -1,0 +1,63 @@
+"""The gated delta rule on CUDA through fla-core's Triton kernels, with pinned configurations.
+
+fla's kernels are autotuned by timing: the fastest configuration of the moment wins, and some
+of them split the K reduction differently (chunk_o's BK), so two processes could round
+differently. shadow's exactness needs the same bits in every process, so before first use every
+fla autotuner is cut down to a single configuration (the first one it lists; Triton runs no
+benchmark when there is only one). Which configuration that is depends on fla's version, which
+the ``gpu`` extra pins.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def available() -> bool:
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except Exception:  # ImportError, or triton failing to find a driver
+        return False
+    _pin_autotuners()
+    return True
+
+
+def _pin_autotuners() -> int:
+    from triton.runtime.autotuner import Autotuner
+
+    pinned = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fla.") or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            if isinstance(obj, Autotuner) and len(obj.configs) > 1:
+                obj.configs = obj.configs[:1]
+                # A pruner could otherwise pick among configs again, by heuristics or timing.
+                obj.early_config_prune = None
+                obj.perf_model = None
+                pinned += 1
+    return pinned
+
+
+def gated_delta_rule(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as ``gdn.gated_delta_rule`` (one sequence, no batch axis)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    kwargs: dict[str, Any] = dict(
+        initial_state=state[None].float().contiguous(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    o, s = chunk_gated_delta_rule(
+        q[None].contiguous(), k[None].contiguous(), v[None].contiguous(),
+        g[None].float().contiguous(), beta[None].contiguous(), **kwargs,
+    )
+    return o[0], s[0]

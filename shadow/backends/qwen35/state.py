@@ -1,0 +1,84 @@
+"""What a Qwen3.5 forward carries from one call to the next, for one sequence.
+
+- KV rows of each full-attention layer: ``k[i]``, ``v[i]`` of shape [capacity, kv_heads, head_dim],
+  rows first, so a slice ``[:n]`` has the same strides whatever the capacity: the rows below ``n``
+  are read by the same kernels with the same layout however large the buffer has grown. The
+  capacity grows in steps of ``KV_STEP`` rows; growth copies the held rows once per step, never
+  per chunk.
+- conv state of each GDN layer: the last ``kernel`` pre-conv inputs, [conv_dim, kernel], model dtype.
+- recurrent state of each GDN layer: [value_heads, key_dim, value_dim], fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import Qwen35Config
+
+KV_STEP = 8192
+
+
+@dataclass
+class ModelState:
+    cfg: Qwen35Config
+    device: torch.device
+    dtype: torch.dtype
+    length: int = 0  # positions consumed; the next token sits at position ``length``
+    k: list[torch.Tensor] = field(default_factory=list)
+    v: list[torch.Tensor] = field(default_factory=list)
+    conv: list[torch.Tensor] = field(default_factory=list)
+    recurrent: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, cfg: Qwen35Config, device: torch.device | str, dtype: torch.dtype) -> ModelState:
+        device = torch.device(device)
+        s = cls(cfg, device, dtype)
+        for _ in cfg.full_layers:
+            s.k.append(torch.empty(0, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype))
+            s.v.append(torch.empty(0, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype))
+        for _ in cfg.linear_layers:
+            s.conv.append(torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim, device=device, dtype=dtype))
+            s.recurrent.append(
+                torch.zeros(cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                            device=device, dtype=torch.float32)
+            )
+        return s
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
+
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` KV rows, growing in whole steps of KV_STEP."""
+        if rows <= self.capacity:
+            return
+        new_cap = -(-rows // KV_STEP) * KV_STEP
+        held = self.length
+        for buffers in (self.k, self.v):
+            for i, old in enumerate(buffers):
+                grown = torch.empty(new_cap, *old.shape[1:], device=old.device, dtype=old.dtype)
+                grown[:held].copy_(old[:held])
+                buffers[i] = grown
+
+    def truncate(self, rows: int) -> None:
+        """Forget positions at and above ``rows`` (their KV rows become scratch)."""
+        if rows > self.length:
+            raise ValueError(f"cannot truncate to {rows} rows: only {self.length} held")
+        self.length = rows
+
+    def save_recurrent(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of the conv and recurrent state (what a fork must put back)."""
+        return [c.clone() for c in self.conv], [r.clone() for r in self.recurrent]
+
+    def load_recurrent(self, saved: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        conv, rec = saved
+        for dst, src in zip(self.conv, conv, strict=True):
+            dst.copy_(src)
+        for dst, src in zip(self.recurrent, rec, strict=True):
+            dst.copy_(src)
+
+    def nbytes(self) -> int:
+        """Bytes held on the device, KV capacity included."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v, *self.conv, *self.recurrent))

@@ -1,0 +1,1 @@
+"""The domain: settings, grid arithmetic, session bookkeeping, protocols, errors. Pure Python."""

@@ -1,0 +1,22 @@
+"""The errors shadow raises. Each names what was wrong, so a caller can fix its input."""
+
+from __future__ import annotations
+
+
+class ShadowError(Exception):
+    """Base of every error shadow raises on purpose."""
+
+
+class CheckpointError(ShadowError):
+    """A checkpoint folder that is not a usable Qwen3.5 text model (config or weights)."""
+
+
+class BadInput(ShadowError, ValueError):
+    """A request shadow refuses before touching any state (ids, choices, prompts)."""
+
+
+class UnknownSession(ShadowError, KeyError):
+    """A session id that shadow has never been fed."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; a message reads better plain
+        return str(self.args[0]) if self.args else "unknown session"
