@@ -1,0 +1,151 @@
+"""The torch reader: a session's tensors, advanced one whole grid chunk at a time.
+
+Every chunk is the forward of ``grid`` ids at absolute positions ``k*grid ...`` on the state left
+by chunk ``k-1``, so a session read over many turns runs exactly the chunks a fresh prefill of
+the same ids on the same grid runs, and ends in the same bits. Questions and fork decodes run
+above the committed rows and put the conv and recurrent state back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from shadow.core.session import SessionBook
+
+from .qwen35 import ModelState, Qwen35
+
+Saved = tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
+@dataclass
+class SessionTensors:
+    state: ModelState
+    checkpoints: dict[int, Saved] = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        held = sum(t.numel() * t.element_size() for saved in self.checkpoints.values()
+                   for part in saved for t in part)
+        return self.state.nbytes() + held
+
+
+class TorchReader:
+    def __init__(self, model: Qwen35, grid: int) -> None:
+        if grid <= 0 or grid % 64:
+            raise ValueError(f"grid must be a positive multiple of 64, got {grid}")
+        self.model = model
+        self.grid = grid
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def new_session(self) -> SessionTensors:
+        return SessionTensors(self.model.new_state())
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def read_chunk(self, book: SessionBook, tensors: SessionTensors) -> float:
+        """Commit the next whole chunk; returns its measured cost in seconds (device synchronised)."""
+        start = book.committed
+        if book.pending < self.grid:
+            raise ValueError("no whole chunk pending")
+        assert tensors.state.length == start
+        ids = torch.tensor(book.ids[start:start + self.grid], dtype=torch.long)
+        t0 = time.perf_counter()
+        self.model.forward(ids, tensors.state)
+        if tensors.state.device.type == "cuda":
+            torch.cuda.synchronize(tensors.state.device)
+        cost = time.perf_counter() - t0
+        book.committed_chunk()
+        self.checkpoint_if_due(book, tensors)
+        return cost
+
+    def checkpoint_if_due(self, book: SessionBook, tensors: SessionTensors) -> None:
+        if book.checkpoint_due():
+            tensors.checkpoints[book.committed] = tensors.state.save_recurrent()
+            dropped = book.took_checkpoint()
+            if dropped is not None:
+                tensors.checkpoints.pop(dropped, None)
+
+    def roll_back(self, tensors: SessionTensors, resume_at: int) -> None:
+        """Return the state to ``resume_at``: a held checkpoint, or the empty state at 0.
+        KV rows below the cut stay as they are: they depend only on the ids below it."""
+        state = tensors.state
+        state.truncate(resume_at)
+        if resume_at == 0:
+            for c in state.conv:
+                c.zero_()
+            for r in state.recurrent:
+                r.zero_()
+        else:
+            state.load_recurrent(tensors.checkpoints[resume_at])
+        for pos in [p for p in tensors.checkpoints if p > resume_at]:
+            del tensors.checkpoints[pos]
+
+    # ---- forks ---------------------------------------------------------------------------
+
+    def fork_logits(self, book: SessionBook, tensors: SessionTensors, extra: list[int]) -> torch.Tensor:
+        """fp32 logits after the pending tail and ``extra``, leaving the committed state as it was."""
+        state = tensors.state
+        committed = state.length
+        saved = state.save_recurrent()
+        try:
+            ids = torch.tensor(book.ids[committed:] + extra, dtype=torch.long)
+            out = self.model.forward(ids, state, logits_at=[-1])
+            assert out is not None
+            return out[0]
+        finally:
+            state.truncate(committed)
+            state.load_recurrent(saved)
+
+    def fork_decode(self, book: SessionBook, tensors: SessionTensors, prompt: list[int], max_new: int,
+                    stop: set[int]) -> list[int]:
+        """Greedy decoding on top of the session (the narrator's path); the committed state is untouched."""
+        state = tensors.state
+        committed = state.length
+        saved = state.save_recurrent()
+        out: list[int] = []
+        try:
+            logits = self.model.forward(torch.tensor(book.ids[committed:] + prompt, dtype=torch.long), state,
+                                        logits_at=[-1])
+            while logits is not None and len(out) < max_new:
+                token = int(logits[0].argmax())
+                out.append(token)
+                if token in stop or len(out) == max_new:
+                    break
+                logits = self.model.forward(torch.tensor([token], dtype=torch.long), state, logits_at=[-1])
+            return out
+        finally:
+            state.truncate(committed)
+            state.load_recurrent(saved)
+
+    # ---- comparing states ------------------------------------------------------------------
+
+    def export(self, tensors: SessionTensors) -> dict[str, torch.Tensor]:
+        """CPU copies, one stable name per tensor: committed KV rows, conv and recurrent state."""
+        cfg = self.model.config
+        state = tensors.state
+        out: dict[str, torch.Tensor] = {}
+        for j, layer in enumerate(cfg.full_layers):
+            out[f"layers.{layer}.k"] = state.k[j][:state.length].cpu().clone()
+            out[f"layers.{layer}.v"] = state.v[j][:state.length].cpu().clone()
+        for j, layer in enumerate(cfg.linear_layers):
+            out[f"layers.{layer}.conv"] = state.conv[j].cpu().clone()
+            out[f"layers.{layer}.recurrent"] = state.recurrent[j].cpu().clone()
+        return out
+
+    def fresh(self, ids: list[int]) -> dict[str, torch.Tensor]:
+        """``export`` of a fresh prefill of ``ids`` on the grid: every whole chunk, in order."""
+        book = SessionBook(grid=self.grid, ids=list(ids))
+        tensors = self.new_session()
+        while book.pending >= self.grid:
+            self.read_chunk(book, tensors)
+        return self.export(tensors)
+
+    def probabilities(self, logits: torch.Tensor, token_ids: list[int] | tuple[int, ...]) -> list[float]:
+        """Softmax over the chosen tokens' logits only, in fp32."""
+        picked = logits.float()[torch.tensor(list(token_ids), device=logits.device)]
+        return [float(p) for p in torch.softmax(picked, dim=0).cpu()]

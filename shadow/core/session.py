@@ -1,0 +1,104 @@
+"""One session's bookkeeping on the grid: what was fed, what is committed, where to roll back.
+
+No tensors here: the reader keeps the state these numbers describe.
+
+- ``ids``: every id the session holds, the latest prompt then Qwen's output so far.
+- ``committed``: rows whose state is read; always a multiple of ``grid``.
+- the pending tail: ``ids[committed:]``; whole chunks of it are read as the scheduler allows.
+- checkpoints: positions where the reader keeps a copy of the conv and recurrent state. One per
+  turn, at the turn's *checkpoint line*: the last grid line at or below the end of the turn's
+  prompt (``prompt_len // grid * grid``). A line above ``committed`` is *wanted*: the reader
+  copies the state when it commits that line. At most ``MAX_CHECKPOINTS``, oldest dropped first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_CHECKPOINTS = 6
+
+
+def grid_line_at_or_below(position: int, grid: int) -> int:
+    return position // grid * grid
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    """The first index where ``a`` and ``b`` differ, or the shorter length when one is a prefix."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class Rollback:
+    """What a divergent prompt did: ids agreed up to ``diverged_at``; state resumes at ``resume_at``."""
+
+    diverged_at: int
+    resume_at: int
+    reread: int  # committed rows that must be read again: old committed - resume_at
+
+
+@dataclass
+class SessionBook:
+    grid: int
+    ids: list[int] = field(default_factory=list)
+    committed: int = 0
+    checkpoints: list[int] = field(default_factory=list)  # positions held, ascending, all <= committed
+    wanted: list[int] = field(default_factory=list)  # checkpoint lines not yet reached
+    turns: int = 0
+    rollbacks: int = 0
+    reread: int = 0
+    last_used: float = 0.0
+
+    @property
+    def pending(self) -> int:
+        return len(self.ids) - self.committed
+
+    @property
+    def whole_chunks_pending(self) -> int:
+        return self.pending // self.grid
+
+    def feed_prompt(self, prompt: list[int]) -> Rollback | None:
+        """Take a turn's whole prompt. Returns the rollback it forces, if any; the caller must then
+        restore the state at ``resume_at`` (a held checkpoint, or the empty state at 0)."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        cut = first_difference(self.ids, prompt)
+        rollback = None
+        if cut < len(self.ids):  # the prompt does not extend what was read
+            if cut < self.committed:
+                resume = max((c for c in self.checkpoints if c <= cut), default=0)
+                rollback = Rollback(cut, resume, self.committed - resume)
+                self.committed = resume
+                self.checkpoints = [c for c in self.checkpoints if c <= resume]
+                self.rollbacks += 1
+                self.reread += rollback.reread
+            self.wanted = [w for w in self.wanted if w <= cut]
+        self.ids = list(prompt)
+        self.turns += 1
+        line = grid_line_at_or_below(len(prompt), self.grid)
+        if line > 0 and line not in self.checkpoints and line not in self.wanted:
+            self.wanted.append(line)
+            self.wanted.sort()
+        return rollback
+
+    def feed_output(self, output: list[int]) -> None:
+        self.ids.extend(output)
+
+    def checkpoint_due(self) -> bool:
+        """Whether the state at ``committed`` is a wanted checkpoint (the reader then keeps a copy)."""
+        return self.committed in self.wanted
+
+    def took_checkpoint(self) -> int | None:
+        """Record the copy at ``committed``; returns the position of a checkpoint to drop, if any."""
+        self.wanted.remove(self.committed)
+        self.checkpoints.append(self.committed)
+        self.checkpoints.sort()
+        if len(self.checkpoints) > MAX_CHECKPOINTS:
+            return self.checkpoints.pop(0)
+        return None
+
+    def committed_chunk(self) -> None:
+        self.committed += self.grid
