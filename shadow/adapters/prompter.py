@@ -11,8 +11,9 @@ from .tokens import ENDOFTEXT, IM_END, get_tokens
 class QwenPrompter:
     def question_ids(self, text: str) -> list[int]:
         # One user turn, thinking off: the next token after the rendered prompt is the answer.
-        return render_ids([{"role": "user", "content": text}], add_generation_prompt=True,
-                          enable_thinking=False)
+        return render_ids(
+            [{"role": "user", "content": text}], add_generation_prompt=True, enable_thinking=False
+        )
 
     def single_token(self, label: str) -> int | None:
         ids = get_tokens().encode(label)

@@ -1,0 +1,1 @@
+"""Data shipped with shadow (read with importlib.resources)."""
