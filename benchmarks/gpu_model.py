@@ -74,7 +74,7 @@ def compare_gdn() -> dict:
                "out_rel_err": ((o_f.float() - o_t.float()).norm() / o_t.float().norm()).item(),
                "state_rel_err": ((s_f - s_t).norm() / s_t.norm()).item()}
         if length <= 64:
-            o_l, s_l = gated_delta_rule_loop(q, k, v, g, beta, s0)
+            o_l, _ = gated_delta_rule_loop(q, k, v, g, beta, s0)
             row["torch_vs_loop_out_rel_err"] = ((o_t.float() - o_l.float()).norm() / o_l.float().norm()).item()
         rows.append(row)
     return {"rows": rows}
@@ -124,7 +124,7 @@ def chunk_timings(ckpt: Path) -> dict:
                 ours.forward(ids[a:a + 512], state)
         saved, length = state.save_recurrent(), state.length
 
-        def step() -> None:
+        def step(saved=saved, length=length) -> None:
             state.truncate(length)
             state.load_recurrent(saved)
             ours.forward(ids[length:length + 512], state)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from shadow.core.shadow import Shadow
 
 DEFAULT_HOME = Path.home() / ".qwen38-spark-engine" / "shadow"
 SHARED_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions" / "raw"
@@ -13,25 +18,20 @@ SHARED_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions
 
 def _demo_model(home: Path) -> Path:
     """A small random Qwen3.5 with the real vocabulary, written once and cached."""
-    folder = home / "demo-model"
+    folder = home / "demo-model-v1"
     if not (folder / "config.json").is_file():
         import torch
 
-        from shadow.backends.qwen35.checkpoint import write_checkpoint
-        from shadow.backends.qwen35.config import text_config
+        from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 
         print(f"writing a small random Qwen3.5 checkpoint to {folder} (first run only)", file=sys.stderr)
         tmp = folder.with_name(folder.name + ".tmp")
-        write_checkpoint(tmp, text_config(
-            hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-            linear_key_head_dim=16, linear_value_head_dim=16, tie_word_embeddings=True,
-        ), dtype=torch.float32, seed=0)
+        write_checkpoint(tmp, demo_text_config(), dtype=torch.float32, seed=0)
         tmp.rename(folder)
     return folder
 
 
-def _progress(name: str):
+def _progress(name: str) -> Callable[[int, int, int], None]:
     def show(turn: int, total: int, committed: int) -> None:
         width = 30
         done = width * turn // total
@@ -42,6 +42,15 @@ def _progress(name: str):
     return show
 
 
+def _slice(text: str) -> slice:
+    """``A:B`` in Python's slice syntax (``-8:`` is the last eight)."""
+    parts = text.split(":")
+    if len(parts) != 2:
+        raise SystemExit(f"--turns wants START:END, got {text!r}")
+    a, b = (int(p) if p.strip() else None for p in parts)
+    return slice(a, b)
+
+
 def _table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
@@ -49,10 +58,11 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _build(model: Path, grid: int, dtype: str, device: str):
+def _build(model: Path, grid: int, dtype: Literal["float32", "bfloat16"], device: str) -> Shadow:
     from shadow import ShadowSettings, build_shadow
 
-    return build_shadow(ShadowSettings(_env_file=None, model=str(model), grid=grid, dtype=dtype, device=device))
+    settings = ShadowSettings(_env_file=None, model=str(model), grid=grid, dtype=dtype, device=device)
+    return build_shadow(settings)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -98,7 +108,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     ok = True
     for path in paths:
         for transcript in load_transcript(path):
-            turns = render_turns(transcript)
+            picked = range(len(transcript.requests))[_slice(args.turns)]
+            turns = render_turns(transcript, indices=picked)
             if args.max_tokens:
                 turns = [t for t in turns if len(t.prompt_ids) + len(t.output_ids) <= args.max_tokens]
             if not turns:
@@ -125,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", parents=[common], help="follow the shipped real session, check it, ask a question")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")
     v.add_argument("paths", nargs="*", help="session files or folders (default: all of ../shared/data)")
+    v.add_argument("--turns", default=":", help="which requests of each session, as START:END (default all)")
     v.add_argument("--max-tokens", type=int, default=0, help="skip turns longer than this (0: keep all)")
     args = ap.parse_args(argv)
     return {"demo": cmd_demo, "verify": cmd_verify}[args.command](args)

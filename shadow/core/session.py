@@ -25,7 +25,11 @@ def grid_line_at_or_below(position: int, grid: int) -> int:
 def first_difference(a: list[int], b: list[int]) -> int:
     """The first index where ``a`` and ``b`` differ, or the shorter length when one is a prefix."""
     n = min(len(a), len(b))
-    for i in range(n):
+    block = 4096
+    start = 0
+    while start < n and a[start:start + block] == b[start:start + block]:  # C-speed compare per block
+        start += block
+    for i in range(start, min(start + block, n)):
         if a[i] != b[i]:
             return i
     return n

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,12 +61,16 @@ class Shadow:
     # ---- feeding -------------------------------------------------------------------------
 
     def _check_ids(self, ids: Sequence[int], what: str) -> list[int]:
-        out = list(ids)
+        try:
+            packed = array("q", ids)  # C-speed type check: ints only
+        except (TypeError, OverflowError):
+            bad = next((i for i, t in enumerate(ids) if not isinstance(t, int)), 0)
+            raise BadInput(f"{what}[{bad}] = {list(ids)[bad]!r} is not a token id") from None
         vocab = self.reader.vocab_size
-        for i, t in enumerate(out):
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
-                raise BadInput(f"{what}[{i}] = {t!r} is not a token id in [0, {vocab})")
-        return out
+        if packed and not (min(packed) >= 0 and max(packed) < vocab):
+            bad = next(i for i, t in enumerate(packed) if not 0 <= t < vocab)
+            raise BadInput(f"{what}[{bad}] = {packed[bad]} is not a token id in [0, {vocab})")
+        return packed.tolist()
 
     def _session(self, session: str) -> _Session:
         try:

@@ -75,7 +75,7 @@ def test_replay_equals_fresh_prefill(checkpoints, turns, dtype, grid, seed, read
         if read_every_turn:
             sh.read()
         book = sh.book("s")
-        assert book.committed % grid == 0 and book.pending < grid or not read_every_turn
+        assert (book.committed % grid == 0 and book.pending < grid) or not read_every_turn
     sh.read()
     assert _assert_exact(sh, "s") == 4 * 2
 

@@ -15,11 +15,22 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .config import Qwen35Config
+from .config import Qwen35Config, text_config
 from .weights import expected_shapes
 
 _PREFIX = {"multimodal": "model.language_model.", "text": "model.", "mlx": "language_model.model."}
 _HEAD = {"multimodal": "lm_head.weight", "text": "lm_head.weight", "mlx": "language_model.lm_head.weight"}
+
+
+def demo_text_config() -> dict[str, Any]:
+    """A small Qwen3.5 with the real vocabulary (so real token ids pass) and every structural part:
+    3 GDN layers with value heads = 2 x key heads, one gated full-attention layer, tied head.
+    Attention is kept narrow so CPU replays of 100k-token sessions stay quick."""
+    return text_config(
+        hidden_size=64, num_hidden_layers=4, intermediate_size=128, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, tie_word_embeddings=True,
+    )
 
 
 def random_tensors(cfg: Qwen35Config, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:

@@ -125,7 +125,7 @@ class Qwen35Config:
             raise CheckpointError(f"{source}: missing rope_parameters.rope_theta")
         if rope.get("rope_type", "default") != "default":
             raise CheckpointError(f"{source}: rope_type {rope.get('rope_type')!r} is not supported")
-        partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+        partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor")) or 0.25
         n_heads = int(need("num_attention_heads"))
         hidden = int(need("hidden_size"))
         return cls(
@@ -164,7 +164,7 @@ def reference_shape(size: str) -> dict[str, Any]:
     if size not in shapes:
         raise ValueError(f"unknown size {size!r}; known: {sorted(shapes)}")
     s = dict(shapes[size])
-    tie = s.pop("tie")
+    tie = bool(s.pop("tie"))
     return text_config(tie_word_embeddings=tie, **s)
 
 

@@ -7,11 +7,12 @@ and device already match is a view of the mapped file, so host RAM holds no seco
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 import torch
 
@@ -180,19 +181,22 @@ def _more(names: list[str]) -> str:
 
 
 def _mapped_tensor(entry: _Entry, storages: dict[Path, torch.UntypedStorage]) -> torch.Tensor:
-    storage = storages.get(entry.file)
-    if storage is None:
+    if entry.file not in storages:
         size = entry.file.stat().st_size
         # shared=False maps the file copy-on-write: pages are read on demand and never duplicated.
-        storage = torch.UntypedStorage.from_file(str(entry.file), shared=False, nbytes=size)
-        storages[entry.file] = storage
+        storages[entry.file] = torch.UntypedStorage.from_file(  # type: ignore[assignment]
+            str(entry.file), shared=False, nbytes=size)
+    storage = storages[entry.file]
     dtype = _DTYPES[entry.dtype]
     if entry.start % dtype.itemsize:
         # A misaligned tensor cannot be a typed view of the map; copy its bytes (rare, small).
-        raw = torch.empty(0, dtype=torch.uint8).set_(storage, entry.start, (entry.end - entry.start,))
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage, entry.start, (entry.end - entry.start,), (1,))
         return raw.clone().view(dtype).reshape(entry.shape)
     t = torch.empty(0, dtype=dtype)
-    return t.set_(storage, entry.start // dtype.itemsize, entry.shape)
+    strides = [1] * len(entry.shape)
+    for i in range(len(entry.shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * entry.shape[i + 1]
+    return t.set_(storage, entry.start // dtype.itemsize, entry.shape, strides)
 
 
 def load(
@@ -217,7 +221,7 @@ def weights_hash(folder: str | Path, cfg: Qwen35Config) -> str:
     removed): the name, its dtype, its shape, and its raw bytes as stored. Sharding, key prefix,
     file order and ignored parts (vision, MTP) do not enter it, so the same weights hash the same
     however they are packaged; any changed value changes it. The files are streamed in 16 MiB reads:
-    about a second per GB on one CPU core, once per process.
+    1.8 s for the 0.8B (1.5 GB) on a 2-core CPU (benchmarks/results/*cpu_weights_hash*).
     """
     entries = scan(folder, cfg)
     digest = hashlib.blake2b(digest_size=32)
@@ -234,7 +238,7 @@ def weights_hash(folder: str | Path, cfg: Qwen35Config) -> str:
             f.seek(e.start)
             left = e.end - e.start
             while left:
-                got = f.readinto(view[:min(left, len(buf))])
+                got = cast(io.BufferedReader, f).readinto(view[:min(left, len(buf))])
                 if not got:
                     raise CheckpointError(f"{e.file.name}: tensor {e.key!r} is cut short")
                 digest.update(view[:got])

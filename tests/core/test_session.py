@@ -1,0 +1,61 @@
+"""The grid bookkeeping alone (no torch)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shadow.core.session import MAX_CHECKPOINTS, SessionBook, first_difference, grid_line_at_or_below
+
+
+@given(st.lists(st.integers(0, 3), max_size=9000), st.lists(st.integers(0, 3), max_size=9000))
+def test_first_difference(a, b):
+    i = first_difference(a, b)
+    assert a[:i] == b[:i]
+    assert i == min(len(a), len(b)) or a[i] != b[i]
+
+
+def test_checkpoint_line_is_the_grid_line_at_or_below_the_prompt_end():
+    assert grid_line_at_or_below(1023, 512) == 512
+    assert grid_line_at_or_below(1024, 512) == 1024
+    book = SessionBook(grid=512)
+    book.feed_prompt(list(range(1300)))
+    assert book.wanted == [1024]
+
+
+def test_rollback_goes_to_newest_checkpoint_at_or_below_the_cut():
+    book = SessionBook(grid=64)
+    prompt = list(range(200))  # line 192
+    book.feed_prompt(prompt)
+    for _ in range(3):
+        book.committed_chunk()
+        if book.checkpoint_due():
+            book.took_checkpoint()
+    assert book.checkpoints == [192] and book.committed == 192
+    book.feed_output(list(range(1000, 1100)))
+    book.committed_chunk()
+    book.committed_chunk()  # 320
+    rb = book.feed_prompt(prompt + [1000, 1001, 7, 7, 7])
+    assert rb is not None and rb.diverged_at == 202 and rb.resume_at == 192 and rb.reread == 128
+    assert book.committed == 192
+
+
+def test_divergence_in_the_tail_needs_no_rollback():
+    book = SessionBook(grid=64)
+    book.feed_prompt(list(range(100)))
+    book.committed_chunk()  # 64 committed, 36 pending
+    assert book.feed_prompt(list(range(70)) + [5, 5]) is None
+    assert book.committed == 64 and book.ids[-2:] == [5, 5]
+
+
+def test_at_most_six_checkpoints():
+    book = SessionBook(grid=64)
+    ids: list[int] = []
+    for turn in range(MAX_CHECKPOINTS + 3):
+        ids = ids + [turn] * 64
+        book.feed_prompt(ids)
+        book.committed_chunk()
+        if book.checkpoint_due():
+            book.took_checkpoint()
+    assert len(book.checkpoints) == MAX_CHECKPOINTS
+    assert book.checkpoints[0] == 64 * 4

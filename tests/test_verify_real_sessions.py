@@ -1,0 +1,30 @@
+"""``shadow verify`` on real sessions (a tiny model, CPU): the replayed state equals a fresh prefill."""
+
+from __future__ import annotations
+
+import pytest
+
+from shadow.cli import main
+
+RAW = "sessions/raw"
+CASES = {
+    # The end of a long Claude Code session: its compaction request (which extends the ~99k-id
+    # conversation) and the restart as system + summary, then new turns.
+    "claude-code-compaction": ("claude-code-marot-spotter/8463c716-a2ea-4c14-9efa-87158ebd9f20.jsonl", "-8:"),
+    "openhands": ("openhands-examples/output.jsonl", ":"),
+    "mini-swe-agent": ("mini-swe-agent-gemini3-swebench/django__django-16527.traj.json", ":"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_verify_real_session(shared_data, tmp_path, capsys, case):
+    path, turns = CASES[case]
+    code = main(["verify", str(shared_data / RAW / path), f"--turns={turns}", "--home", str(tmp_path)])
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines()[2:] if line.strip()]
+    assert rows, out
+    for row in rows:
+        assert row[-2:] == ["yes", "0"], out  # equal, largest difference
+    assert code == 0
+    if case == "claude-code-compaction":
+        assert int(rows[0][3]) >= 1 and int(rows[0][1]) > 90_000  # the restart rolled back; a long session
