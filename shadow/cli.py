@@ -61,7 +61,7 @@ def _table(rows: list[list[str]]) -> str:
 def _build(model: Path, grid: int, dtype: Literal["float32", "bfloat16"], device: str) -> Shadow:
     from shadow import ShadowSettings, build_shadow
 
-    settings = ShadowSettings(_env_file=None, model=str(model), grid=grid, dtype=dtype, device=device)
+    settings = ShadowSettings(_env_file=None, model=str(model), grid=grid, dtype=dtype, device=device, disk="off")
     return build_shadow(settings)
 
 

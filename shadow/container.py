@@ -34,6 +34,34 @@ def _reader(model: Any, grid: int) -> Any:
     return TorchReader(model, grid)
 
 
+DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"
+DISK_OFF = ("", "off", "none")
+
+
+def _memory() -> Any:
+    from shadow.backends.stores import MemoryStore
+
+    return MemoryStore()
+
+
+def _disk(settings: ShadowSettings, reader: Any) -> Any:
+    """Parked files under DISK, one folder per model (by weights hash), so models never touch each
+    other's sessions; None when DISK is off."""
+    if settings.disk.strip().lower() in DISK_OFF:
+        return None
+    from pathlib import Path
+
+    from shadow.backends.stores import DiskStore
+
+    root = Path(DEFAULT_DISK if settings.disk == "auto" else settings.disk).expanduser()
+    digest = reader.model.weights_hash
+    return DiskStore(root / digest[:16], reader, digest, max_bytes=int(settings.disk_gb * 2**30))
+
+
+def _cap_bytes(settings: ShadowSettings) -> int:
+    return int(settings.gb * 2**30)
+
+
 def _prompter() -> Any:
     from shadow.adapters.prompter import QwenPrompter
 
@@ -45,7 +73,10 @@ class Container(containers.DeclarativeContainer):
     model = providers.Singleton(_model, settings)
     reader = providers.Singleton(_reader, model, settings.provided.grid)
     prompter = providers.Singleton(_prompter)
-    shadow = providers.Singleton(Shadow, reader=reader, prompter=prompter)
+    memory = providers.Singleton(_memory)
+    disk = providers.Singleton(_disk, settings, reader)
+    shadow = providers.Singleton(Shadow, reader=reader, prompter=prompter, memory=memory, disk=disk,
+                                 cap_bytes=providers.Callable(_cap_bytes, settings))
 
 
 def build_container(settings: ShadowSettings) -> Container:

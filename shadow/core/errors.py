@@ -20,3 +20,7 @@ class UnknownSession(ShadowError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; a message reads better plain
         return str(self.args[0]) if self.args else "unknown session"
+
+
+class StoreError(ShadowError):
+    """A state store could not write a session (disk full, permission): nothing was half-written."""

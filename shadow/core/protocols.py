@@ -46,3 +46,20 @@ class Prompter(Protocol):
 
     @property
     def stop_ids(self) -> set[int]: ...
+
+
+class StateStore(Protocol):
+    """Where a session's state lives when it is not in use: ``memory`` (resident on the reader's
+    device) or ``disk`` (parked files). ``get`` returns None for a session the store does not hold,
+    or holds in a form it refuses (corrupt, other weights, other grid, other format), which it then
+    removes; ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written."""
+
+    def put(self, name: str, book: SessionBook, tensors: Any) -> int: ...
+
+    def get(self, name: str) -> tuple[SessionBook, Any] | None: ...
+
+    def remove(self, name: str) -> None: ...
+
+    def names(self) -> list[str]: ...
+
+    def info(self, name: str) -> dict[str, Any] | None: ...

@@ -14,6 +14,7 @@ No tensors here: the reader keeps the state these numbers describe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 MAX_CHECKPOINTS = 6
 
@@ -55,6 +56,29 @@ class SessionBook:
     rollbacks: int = 0
     reread: int = 0
     last_used: float = 0.0
+    prompt_lines: list[int] = field(default_factory=list)  # the last turns' checkpoint lines
+
+    _META: ClassVar[tuple[str, ...]] = ("grid", "committed", "checkpoints", "wanted", "turns", "rollbacks",
+                                        "reread", "last_used", "prompt_lines")
+
+    def meta(self) -> dict[str, Any]:
+        """Everything but the ids, JSON-ready (the ids travel as a tensor beside it)."""
+        return {**{k: getattr(self, k) for k in self._META}, "n_ids": len(self.ids)}
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any], ids: list[int]) -> SessionBook:
+        book = cls(grid=int(meta["grid"]), ids=ids)
+        for k in cls._META[1:]:
+            setattr(book, k, meta[k])
+        return book
+
+    def reset_for_reread(self) -> None:
+        """The state is gone (dropped, or its parked file refused): read the same ids again from 0,
+        taking checkpoints again at the recent turns' lines."""
+        self.reread += self.committed
+        self.committed = 0
+        self.checkpoints = []
+        self.wanted = sorted({line for line in self.prompt_lines if 0 < line <= len(self.ids)})
 
     @property
     def pending(self) -> int:
@@ -83,6 +107,7 @@ class SessionBook:
         self.ids = list(prompt)
         self.turns += 1
         line = grid_line_at_or_below(len(prompt), self.grid)
+        self.prompt_lines = [*[p for p in self.prompt_lines if p <= cut and p != line], line][-MAX_CHECKPOINTS:]
         if line > 0 and line not in self.checkpoints and line not in self.wanted:
             self.wanted.append(line)
             self.wanted.sort()

@@ -15,12 +15,13 @@ from __future__ import annotations
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BadInput, UnknownSession
-from .protocols import Prompter, Reader
+from .errors import BadInput, StoreError, UnknownSession
+from .protocols import Prompter, Reader, StateStore
 from .session import SessionBook
 
 MAX_CHOICES = 26
@@ -43,20 +44,126 @@ class ChunkRead:
 
 
 @dataclass
-class _Session:
-    book: SessionBook
-    tensors: Any
+class _Entry:
+    where: str  # "resident", "parked" or "dropped"
+    book: SessionBook | None  # None: parked by an earlier process; the book is in its file
     last_cost_s: float | None = None
 
 
 class Shadow:
-    def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic) -> None:
+    """Sessions fed by a host and read on the grid.
+
+    Resident state lives in ``memory``; past ``cap_bytes`` (counted from the tensors held, KV
+    capacity and checkpoints included) the least recently used session not in use is parked in
+    ``disk``, or dropped and later read again from the start when there is no disk or the write
+    fails. A parked session comes back on its next use. One lock serialises every call, so the
+    session a call uses is never evicted under it; a session larger than the cap is resident
+    while in use and parked as soon as the call ends.
+    """
+
+    def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic, *,
+                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None) -> None:
         self.reader = reader
         self.prompter = prompter
         self.clock = clock
         self.grid = reader.grid
-        self._sessions: dict[str, _Session] = {}
+        self.memory = memory
+        self.disk = disk
+        self.cap_bytes = cap_bytes
+        self.park_failures = 0
+        self.last_store_error = ""
+        self._known: dict[str, _Entry] = {}
+        self._in_use: set[str] = set()
         self._lock = threading.RLock()
+        if disk is not None:  # sessions a planned stop parked, found again
+            for name in disk.names():
+                self._known[name] = _Entry("parked", None)
+
+    # ---- residency -----------------------------------------------------------------------
+
+    def _entry(self, session: str) -> _Entry:
+        try:
+            return self._known[session]
+        except KeyError:
+            raise UnknownSession(f"unknown session {session!r}") from None
+
+    @contextmanager
+    def _using(self, session: str, create: bool = False) -> Iterator[tuple[SessionBook, Any]]:
+        with self._lock:
+            entry = self._known.get(session)
+            if entry is None:
+                if not create:
+                    raise UnknownSession(f"unknown session {session!r}")
+                entry = self._known[session] = _Entry("resident", SessionBook(self.grid))
+            self._in_use.add(session)
+            try:
+                book, tensors = self._make_resident(session, entry)
+                yield book, tensors
+                book.last_used = self.clock()
+            finally:
+                self._in_use.discard(session)
+                self._enforce_cap()
+
+    def _make_resident(self, name: str, entry: _Entry) -> tuple[SessionBook, Any]:
+        held = self.memory.get(name)
+        if held is not None:
+            return held
+        got = self.disk.get(name) if self.disk is not None and entry.where == "parked" else None
+        if got is not None:
+            parked_book, tensors = got
+            book = entry.book if entry.book is not None else parked_book
+        else:
+            book = entry.book if entry.book is not None else SessionBook(self.grid)
+            if book.committed:  # dropped, or its parked file was refused: read the same ids again
+                book.reset_for_reread()
+            tensors = self.reader.new_session()
+        entry.book, entry.where = book, "resident"
+        self.memory.put(name, book, tensors)
+        return book, tensors
+
+    def _evict(self, name: str) -> None:
+        held = self.memory.get(name)
+        if held is None:
+            return
+        book, tensors = held
+        entry = self._known[name]
+        self.memory.remove(name)
+        if self.disk is not None:
+            try:
+                self.disk.put(name, book, tensors)
+                entry.where = "parked"
+                return
+            except StoreError as err:
+                self.park_failures += 1
+                self.last_store_error = str(err)
+        book.reset_for_reread()
+        entry.where = "dropped"
+
+    def resident_bytes(self) -> int:
+        return sum((self.memory.info(n) or {}).get("bytes", 0) for n in self.memory.names())
+
+    def _enforce_cap(self) -> None:
+        if self.cap_bytes is None:
+            return
+        total = self.resident_bytes()
+        def last_used(name: str) -> float:
+            book = self._known[name].book
+            return book.last_used if book is not None else 0.0
+
+        idle = sorted((n for n in self.memory.names() if n not in self._in_use), key=last_used)
+        for name in idle:
+            if total <= self.cap_bytes:
+                break
+            total -= (self.memory.info(name) or {}).get("bytes", 0)
+            self._evict(name)
+
+    def park(self, session: str) -> None:
+        """Park (or drop) ``session`` now, whatever the cap."""
+        with self._lock:
+            self._entry(session)
+            if session in self._in_use:
+                raise BadInput(f"session {session!r} is in use")
+            self._evict(session)
 
     # ---- feeding -------------------------------------------------------------------------
 
@@ -72,61 +179,70 @@ class Shadow:
             raise BadInput(f"{what}[{bad}] = {packed[bad]} is not a token id in [0, {vocab})")
         return packed.tolist()
 
-    def _session(self, session: str) -> _Session:
-        try:
-            return self._sessions[session]
-        except KeyError:
-            raise UnknownSession(f"unknown session {session!r}") from None
-
     def feed_prompt(self, session: str, ids: Sequence[int]) -> None:
         """A turn's whole rendered prompt. A prompt that differs from what was read rolls the state
         back to the newest checkpoint at or below the first differing id (or to the start)."""
         prompt = self._check_ids(ids, "prompt")
         if not prompt:
             raise BadInput("empty prompt")
-        with self._lock:
-            s = self._sessions.get(session)
-            if s is None:
-                s = self._sessions[session] = _Session(SessionBook(self.grid), self.reader.new_session())
-            rollback = s.book.feed_prompt(prompt)
+        with self._using(session, create=True) as (book, tensors):
+            rollback = book.feed_prompt(prompt)
             if rollback is not None:
-                self.reader.roll_back(s.tensors, rollback.resume_at)
-            self.reader.checkpoint_if_due(s.book, s.tensors)
-            s.book.last_used = self.clock()
+                self.reader.roll_back(tensors, rollback.resume_at)
+            self.reader.checkpoint_if_due(book, tensors)
 
     def feed_output(self, session: str, ids: Sequence[int]) -> None:
         """Qwen's output ids, appended after what the session holds."""
         output = self._check_ids(ids, "output")
         with self._lock:
-            s = self._session(session)
-            s.book.feed_output(output)
-            s.book.last_used = self.clock()
+            entry = self._entry(session)
+            if entry.book is not None and entry.where != "parked":
+                entry.book.feed_output(output)  # bookkeeping only: no need to bring the state back
+                entry.book.last_used = self.clock()
+                return
+        with self._using(session) as (book, _):
+            book.feed_output(output)
 
     # ---- reading -------------------------------------------------------------------------
 
+    def backlog(self, session: str) -> int:
+        with self._lock:
+            entry = self._entry(session)
+            if entry.book is not None:
+                return entry.book.pending
+            info = (self.disk.info(session) if self.disk else None) or {}
+            return int(info.get("n_ids", 0)) - int(info.get("committed", 0))
+
     def read(self, session: str | None = None, budget_s: float | None = None,
              max_chunks: int | None = None) -> list[ChunkRead]:
-        """Read whole chunks now: of ``session``, or of every session, longest backlog first.
-        With a budget, a chunk starts only if its estimated cost (the last chunk's) still fits."""
+        """Read whole chunks now: of ``session``, or of every session with a whole chunk pending,
+        resident ones first, longest backlog first. With a budget, a chunk starts only if its
+        estimated cost (the session's last chunk's) still fits."""
         spent = 0.0
         done: list[ChunkRead] = []
         with self._lock:
-            names = [session] if session is not None else sorted(
-                self._sessions, key=lambda n: -self._sessions[n].book.pending)
+            if session is not None:
+                self._entry(session)
+                names = [session]
+            else:
+                names = sorted((n for n in self._known if self.backlog(n) >= self.grid),
+                               key=lambda n: (self._known[n].where != "resident", -self.backlog(n)))
             for name in names:
-                s = self._session(name)
-                while s.book.pending >= self.grid:
-                    if max_chunks is not None and len(done) >= max_chunks:
-                        return done
-                    estimate = s.last_cost_s or 0.0
-                    if budget_s is not None and spent + estimate > budget_s:
-                        return done
-                    first = s.book.committed
-                    cost = self.reader.read_chunk(s.book, s.tensors)
-                    s.last_cost_s = cost
-                    s.book.last_used = self.clock()
-                    spent += cost
-                    done.append(ChunkRead(name, first, self.grid, cost))
+                entry = self._known[name]
+                if self.backlog(name) < self.grid:
+                    continue
+                with self._using(name) as (book, tensors):
+                    while book.pending >= self.grid:
+                        if max_chunks is not None and len(done) >= max_chunks:
+                            return done
+                        estimate = entry.last_cost_s or 0.0
+                        if budget_s is not None and spent + estimate > budget_s:
+                            return done
+                        first = book.committed
+                        cost = self.reader.read_chunk(book, tensors)
+                        entry.last_cost_s = cost
+                        spent += cost
+                        done.append(ChunkRead(name, first, self.grid, cost))
         return done
 
     # ---- asking --------------------------------------------------------------------------
@@ -160,13 +276,13 @@ class Shadow:
         """The small model's choice among ``choices`` after the whole session and the question."""
         t0 = time.perf_counter()
         with self._lock:
-            s = self._session(session)
+            self._entry(session)
             tokens = self._choice_tokens(choices)
             q = self._question(question)
-            behind = s.book.pending
-            logits = self.reader.fork_logits(s.book, s.tensors, q)
-            probs = self.reader.probabilities(logits, tokens)
-            s.book.last_used = self.clock()
+            with self._using(session) as (book, tensors):
+                behind = book.pending
+                logits = self.reader.fork_logits(book, tensors, q)
+                probs = self.reader.probabilities(logits, tokens)
         best = max(range(len(choices)), key=lambda i: probs[i])
         return Answer(choices[best], dict(zip(choices, probs, strict=True)), behind,
                       (time.perf_counter() - t0) * 1e3)
@@ -176,43 +292,64 @@ class Shadow:
         if max_new <= 0:
             raise BadInput("max_new must be positive")
         with self._lock:
-            s = self._session(session)
+            self._entry(session)
             ids = self._question(prompt)
-            return self.reader.fork_decode(s.book, s.tensors, ids, max_new, self.prompter.stop_ids)
+            with self._using(session) as (book, tensors):
+                return self.reader.fork_decode(book, tensors, ids, max_new, self.prompter.stop_ids)
 
     # ---- state -------------------------------------------------------------------------
 
     def export_state(self, session: str) -> dict[str, Any]:
-        with self._lock:
-            return self.reader.export(self._session(session).tensors)
+        with self._using(session) as (_, tensors):
+            return self.reader.export(tensors)
 
     def fresh_state(self, ids: Sequence[int]) -> dict[str, Any]:
         return self.reader.fresh(self._check_ids(ids, "ids"))
 
     def book(self, session: str) -> SessionBook:
-        return self._session(session).book
+        with self._lock:
+            entry = self._entry(session)
+            if entry.book is None:
+                with self._using(session) as (book, _):
+                    return book
+            return entry.book
+
+    def sessions(self) -> list[str]:
+        with self._lock:
+            return list(self._known)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
+            out: dict[str, Any] = {}
+            for name, e in self._known.items():
+                parked = (self.disk.info(name) if self.disk is not None else None) or {}
+                resident = self.memory.info(name) or {}
+                src: dict[str, Any] = e.book.meta() if e.book is not None else parked
+                out[name] = {
+                    "where": e.where,
+                    "ids": src.get("n_ids", 0),
+                    "committed": src.get("committed", 0),
+                    "backlog": src.get("n_ids", 0) - src.get("committed", 0),
+                    "turns": src.get("turns", 0),
+                    "checkpoints": list(src.get("checkpoints", [])),
+                    "rollbacks": src.get("rollbacks", 0),
+                    "reread": src.get("reread", 0),
+                    "bytes_resident": resident.get("bytes", 0),
+                    "bytes_on_disk": parked.get("bytes", 0) if e.where == "parked" else 0,
+                    "last_used": src.get("last_used", 0.0),
+                }
             return {
                 "grid": self.grid,
-                "sessions": {
-                    name: {
-                        "ids": len(s.book.ids),
-                        "committed": s.book.committed,
-                        "backlog": s.book.pending,
-                        "turns": s.book.turns,
-                        "checkpoints": list(s.book.checkpoints),
-                        "rollbacks": s.book.rollbacks,
-                        "reread": s.book.reread,
-                        "bytes": s.tensors.nbytes(),
-                        "last_used": s.book.last_used,
-                    }
-                    for name, s in self._sessions.items()
-                },
+                "resident_bytes": self.resident_bytes(),
+                "cap_bytes": self.cap_bytes,
+                "disk": self.disk is not None,
+                "park_failures": self.park_failures,
+                "last_store_error": self.last_store_error,
+                "sessions": out,
             }
 
     def close(self) -> None:
-        """A planned stop. (Parking resident sessions on disk comes with the state stores.)"""
+        """A planned stop: after the call in flight (the lock), park every resident session."""
         with self._lock:
-            self._sessions.clear()
+            for name in list(self.memory.names()):
+                self._evict(name)

@@ -1,0 +1,38 @@
+"""Resident sessions: their tensors on the reader's device, counted byte for byte."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shadow.core.session import SessionBook
+
+from ..reader import SessionTensors
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[SessionBook, SessionTensors]] = {}
+
+    def put(self, name: str, book: SessionBook, tensors: SessionTensors) -> int:
+        self._held[name] = (book, tensors)
+        return tensors.nbytes()
+
+    def get(self, name: str) -> tuple[SessionBook, SessionTensors] | None:
+        return self._held.get(name)
+
+    def remove(self, name: str) -> None:
+        self._held.pop(name, None)
+
+    def names(self) -> list[str]:
+        return list(self._held)
+
+    def info(self, name: str) -> dict[str, Any] | None:
+        held = self._held.get(name)
+        return None if held is None else {"bytes": held[1].nbytes()}
+
+    def nbytes(self, name: str) -> int:
+        """Bytes the session holds on the device now (KV capacity and checkpoints included)."""
+        return self._held[name][1].nbytes()
+
+    def total_bytes(self) -> int:
+        return sum(t.nbytes() for _, t in self._held.values())
