@@ -157,6 +157,11 @@ class Shadow:
             total -= (self.memory.info(name) or {}).get("bytes", 0)
             self._evict(name)
 
+    def restore(self, session: str) -> None:
+        """Bring ``session`` back to the device now (from its parked file, or empty to be read again)."""
+        with self._using(session):
+            pass
+
     def park(self, session: str) -> None:
         """Park (or drop) ``session`` now, whatever the cap."""
         with self._lock:
