@@ -124,6 +124,13 @@ class Stores(RuleBasedStateMachine):
     def park(self, data):
         self.sh.park(data.draw(st.sampled_from(sorted(self.model))))
 
+    @precondition(lambda self: self.model)
+    @rule(data=st.data())
+    def restore(self, data):
+        name = data.draw(st.sampled_from(sorted(self.model)))
+        self.sh.restore(name)
+        assert self.sh.status()["sessions"][name]["where"] == "resident"  # the most recently used stays
+
     @rule()
     def close_and_reopen(self):
         self.sh.close()
