@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from . import weights as weights_mod
 from .config import FULL, Qwen35Config
@@ -130,6 +131,9 @@ class Qwen35:
         # As transformers computes it (fp32 powers of a Python float base), so positions agree bit for bit.
         self._inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
         self._inv_freq = self._inv_freq.to(device)
+        # "mask": SDPA with an explicit boolean mask (every backend, the CPU path);
+        # "lower-right": SDPA with a bottom-right causal bias (CUDA: flash / memory-efficient kernels).
+        self.attention = "lower-right" if device.type == "cuda" else "mask"
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: torch.device | str = "cpu",
@@ -194,13 +198,17 @@ class Qwen35:
         assert out is not None
         return out
 
-    def _causal_mask(self, start: int, n: int) -> torch.Tensor:
+    def _causal_mask(self, start: int, n: int) -> torch.Tensor | CausalBias:
+        if self.attention == "lower-right":
+            # The causal offset without a materialised mask: flash and memory-efficient kernels
+            # take it as it is, with no per-shape plan to build (ARCHITECTURE "designed for now").
+            return causal_lower_right(n, start + n)
         keys = torch.arange(start + n, device=self.device)
         queries = torch.arange(start, start + n, device=self.device)
         return keys[None, :] <= queries[:, None]  # [n, start + n], True where a query may look
 
     def _attention(self, layer: _Full, x: torch.Tensor, state: ModelState, i: int, start: int,
-                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                   cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | CausalBias) -> torch.Tensor:
         cfg = self.config
         n = x.shape[0]
         hd, rd = cfg.head_dim, cfg.rotary_dim
