@@ -1,4 +1,4 @@
-"""``shadow`` on the command line: ``demo`` and ``verify`` (``serve`` comes with the service)."""
+"""``shadow`` on the command line: ``serve``, ``demo`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -65,34 +65,112 @@ def _build(model: Path, grid: int, dtype: Literal["float32", "bfloat16"], device
     return build_shadow(settings)
 
 
+DEMO_QUESTION = "Did the agent finish its task? A: yes, B: no, C: unclear. Answer with the letter."
+
+
+def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    from shadow.adapters.replay import verify
-    from shadow.adapters.tokens import get_tokens
+    """Start the service on loopback, drive it as a host would through the shipped session's real
+    timeline (compressed), ask, check the state against a fresh prefill, print what happened."""
+    from shadow.adapters.replay import compare
+    from shadow.adapters.telemetry import read_jsonl
+    from shadow.adapters.timeline import replay_timeline
     from shadow.adapters.transcripts import demo_transcript, render_turns
+    from shadow.api.app import create_app
+    from shadow.api.client import ShadowClient
+    from shadow.api.server import BackgroundServer
+    from shadow.container import build_container
+    from shadow.core.settings import ShadowSettings
 
     home = Path(args.home)
     model = Path(args.model) if args.model else _demo_model(home)
-    sh = _build(model, args.grid, args.dtype, args.device)
+    trace = home / "demo-trace.jsonl"
+    trace.unlink(missing_ok=True)
+    settings = ShadowSettings(_env_file=None, model=str(model), grid=args.grid, dtype=args.dtype,
+                              device=args.device, disk="off", dir=str(home), trace="jsonl",
+                              trace_file=str(trace), host="127.0.0.1", port=0)
+    container = build_container(settings)
     transcript = demo_transcript()
     turns = render_turns(transcript)
     print(f"session: {transcript.name} ({transcript.source_format}), {len(turns)} turns, "
-          f"license {Path(transcript.license_path or '').name}")
-    t0 = time.perf_counter()
-    report = verify(sh, "demo", turns, _progress("demo"))
-    read_s = time.perf_counter() - t0
-    answer = sh.ask("demo", "Did the agent finish its task? A: yes, B: no, C: unclear. Answer with the letter.",
-                    ["A", "B", "C"])
-    tok = get_tokens()
-    last = turns[-1].prompt_ids
-    print(f"read {report.tokens} ids on a {args.grid}-row grid in {report.chunks} chunks ({read_s:.2f} s), "
-          f"{report.rollbacks} rollbacks, {report.reread} ids re-read")
-    print(f"state equals a fresh prefill, bit for bit: {'yes' if report.equal else 'NO'} "
-          f"({report.tensors} tensors)")
-    print(f"last prompt ends: {tok.decode(last[-12:])!r}")
-    probs = ", ".join(f"{k}={v:.3f}" for k, v in answer.probs.items())
-    print(f"question: done? -> {answer.label} ({probs}); {answer.behind} ids behind, {answer.lag_ms:.0f} ms")
+          f"license {Path(transcript.license_path or '').name}; timeline compressed {args.speed:g}x")
+    with BackgroundServer(create_app(container), settings.host, 0) as server, ShadowClient(server.url) as host:
+        _wait_for("the model to load", lambda: host.status()["slot"]["state"] in ("loaded", "failed"))
+        slot = host.status()["slot"]
+        if slot["state"] != "loaded":
+            print(f"the model did not load: {slot['error']}", file=sys.stderr)
+            return 1
+        print(f"service on {server.url}; model loaded in an idle window ({slot['load_s']:.2f} s)")
+        reports = replay_timeline(host, "demo", turns, args.grid, speed=args.speed)
+        _wait_for("the idle window to catch up",
+                  lambda: host.status()["sessions"]["demo"]["backlog"] < args.grid)
+        answer = host.ask("demo", DEMO_QUESTION, ["A", "B", "C"])
+        status = host.status()
+        hold = host.add_hold()  # the idle window stays shut while the state is compared
+        sh = container.shadow()
+        book = sh.book("demo")
+        equal, worst, where = compare(sh.export_state("demo"), sh.fresh_state(book.ids))
+        host.release_hold(hold)
+    spans = read_jsonl(trace)  # complete: the server's stop flushed the exporter
+
+    rows = [["turn", "start s", "prompt ids", "output ids", "behind at start", "fresh", "rollback",
+             "ration chunks", "ration ms"]]
+    for r in reports:
+        rows.append([str(r.index + 1), f"{r.start_s:.2f}", str(r.prompt_ids), str(r.output_ids),
+                     str(r.behind_at_start), "yes" if r.fresh else "no", "yes" if r.rollback else "",
+                     str(r.ration_chunks), f"{r.ration_spent_ms:.1f}"])
+    print(_table(rows))
+    w = status["windows"]
+    print(f"chunks read: idle window {w['idle']['chunks']} in {w['idle']['windows']} windows "
+          f"({w['idle']['spent_ms']:.0f} ms), ration {w['ration']['chunks']} in {w['ration']['windows']} "
+          f"slices ({w['ration']['spent_ms']:.0f} ms)")
+    print(f"fresh (less than one {args.grid}-row chunk behind) at {sum(r.fresh for r in reports)} of "
+          f"{len(reports)} turn starts (the first turn starts a new session)")
+    s = status["sessions"]["demo"]
+    print(f"session: {s['ids']} ids, {s['committed']} read, {len(s.get('checkpoints', []))} checkpoints, "
+          f"{s.get('rollbacks', 0)} rollbacks; state equals a fresh prefill, bit for bit: "
+          f"{'yes' if equal else f'NO ({worst:.3g} in {where})'}")
+    probs = ", ".join(f"{k}={v:.3f}" for k, v in answer["probabilities"].items())
+    print(f"question: done? -> {answer['label']} ({probs}); {answer['behind']} ids behind, "
+          f"{answer['latency_ms']:.0f} ms")
+    chunks = [x for x in spans if x["name"] == "shadow.chunk"]
+    by_window = {k: sum(1 for x in chunks if x["attributes"]["shadow.window"] == k) for k in ("idle", "ration")}
+    print(f"trace: {trace} ({len(spans)} spans: {len(chunks)} chunks, {by_window['idle']} idle and "
+          f"{by_window['ration']} rationed; {sum(x['name'] == 'shadow.ration' for x in spans)} ration slices, "
+          f"{sum(x['name'] == 'shadow.ask' for x in spans)} questions)")
     print("(a random-weight model: the answer shows the path works, not what a trained model would say)")
-    return 0 if report.equal else 1
+    return 0 if equal else 1
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The service from settings (environment and serve.env), until interrupted."""
+    from shadow.api.app import create_app
+    from shadow.api.server import serve
+    from shadow.container import build_container
+    from shadow.core.errors import ShadowError
+    from shadow.core.settings import ShadowSettings
+
+    overrides: dict[str, object] = {}
+    if args.port is not None:
+        overrides["port"] = args.port
+    if args.host is not None:
+        overrides["host"] = args.host
+    try:
+        settings = ShadowSettings(_env_file=args.env_file, **overrides)
+        container = build_container(settings)
+        container.profiles()  # a bad profile file fails here, at start, naming the file and key
+    except ShadowError as err:
+        print(f"shadow serve: {err}", file=sys.stderr)
+        return 2
+    serve(create_app(container), settings.host, settings.port, log_level=args.log_level)
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -133,13 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--grid", type=int, default=512)
     common.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     common.add_argument("--device", default="cpu")
-    sub.add_parser("demo", parents=[common], help="follow the shipped real session, check it, ask a question")
+    d = sub.add_parser("demo", parents=[common],
+                       help="start the service, follow the shipped real session on its timeline, ask a question")
+    d.add_argument("--speed", type=float, default=3.0, help="timeline compression (3: three times faster)")
+    s = sub.add_parser("serve", help="run the service (settings from the environment and serve.env)")
+    s.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
+    s.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
+    s.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
+    s.add_argument("--log-level", default="info")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")
     v.add_argument("paths", nargs="*", help="session files or folders (default: all of ../shared/data)")
     v.add_argument("--turns", default=":", help="which requests of each session, as START:END (default all)")
     v.add_argument("--max-tokens", type=int, default=0, help="skip turns longer than this (0: keep all)")
     args = ap.parse_args(argv)
-    return {"demo": cmd_demo, "verify": cmd_verify}[args.command](args)
+    return {"demo": cmd_demo, "serve": cmd_serve, "verify": cmd_verify}[args.command](args)
 
 
 if __name__ == "__main__":

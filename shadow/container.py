@@ -2,10 +2,18 @@
 
 Backends are imported inside the factories, so building the container with the shadow off
 imports no torch. Tests override providers (``container.reader.override(...)``) instead of patching.
+
+The service's part (below ``shadow``): the profiles, the host's activity and locks (a host that
+shares its own locks overrides ``activity``), the tracer provider (a ``Resource``: flushed and shut
+down by ``shutdown_resources``) and the telemetry over it, the model's slot (it builds ``shadow``
+lazily, in an idle window), the two schedulers, the router's shadow mode, and the service object
+that the API and an in-process host use.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dependency_injector import containers, providers
@@ -68,6 +76,68 @@ def _prompter() -> Any:
     return QwenPrompter()
 
 
+# ---- the service -------------------------------------------------------------------------------
+
+
+def _profiles(settings: ShadowSettings) -> Any:
+    from shadow.core.profiles import load_profiles
+
+    return load_profiles(settings.profiles)
+
+
+def _tracer_provider(settings: ShadowSettings) -> Iterator[Any]:
+    from shadow.adapters.telemetry import tracer_provider
+
+    yield from tracer_provider(settings)
+
+
+def _telemetry(provider: Any, settings: ShadowSettings) -> Any:
+    from shadow.adapters.telemetry import telemetry
+
+    return telemetry(provider, settings)
+
+
+def _slot(settings: ShadowSettings, shadow: Callable[[], Shadow], profiles: Any, clock: Callable[[], float]) -> Any:
+    from shadow.core.slot import Slot
+
+    return Slot(shadow if settings.on else None, model=settings.model, wanted=profiles.any_on,
+                shared_with=("narrator",) if settings.shares_narrator_slot else (), clock=clock)
+
+
+def _router(settings: ShadowSettings, clock: Callable[[], float], telemetry: Any) -> Any:
+    from shadow.adapters.router import RouterShadow
+
+    return RouterShadow(settings.home / "shadow.jsonl", clock, telemetry)
+
+
+def _idle(slot: Any, activity: Any, telemetry: Any, clock: Callable[[], float], settings: ShadowSettings,
+          router: Any) -> Any:
+    from shadow.backends.schedulers import IdleScheduler
+
+    return IdleScheduler(slot, activity, telemetry, clock, window_s=settings.idle_window_s,
+                         lock_wait_s=settings.idle_poll_s, questions=router)
+
+
+def _ration(slot: Any, telemetry: Any, clock: Callable[[], float], settings: ShadowSettings) -> Any:
+    from shadow.backends.schedulers import RationedScheduler, device_sync
+
+    return RationedScheduler(slot, telemetry, clock, share=settings.ration, slice_s=settings.slice_ms / 1e3,
+                             sync=device_sync(settings.device))
+
+
+def _activity(clock: Callable[[], float]) -> Any:
+    from shadow.core.host import HostActivity
+
+    return HostActivity(clock=clock)
+
+
+def _service(settings: ShadowSettings, slot: Any, activity: Any, profiles: Any, idle: Any, ration: Any,
+             telemetry: Any, router: Any, clock: Callable[[], float]) -> Any:
+    from shadow.adapters.service import ShadowService
+
+    return ShadowService(settings, slot, activity, profiles, idle, ration, telemetry, router, clock=clock)
+
+
 class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=ShadowSettings)
     model = providers.Singleton(_model, settings)
@@ -77,6 +147,20 @@ class Container(containers.DeclarativeContainer):
     disk = providers.Singleton(_disk, settings, reader)
     shadow = providers.Singleton(Shadow, reader=reader, prompter=prompter, memory=memory, disk=disk,
                                  cap_bytes=providers.Callable(_cap_bytes, settings))
+
+
+    # ---- the service (see the module docstring) ----
+    clock = providers.Object(time.monotonic)
+    profiles = providers.Singleton(_profiles, settings)
+    activity = providers.Singleton(_activity, clock)
+    tracer_provider = providers.Resource(_tracer_provider, settings)
+    telemetry = providers.Singleton(_telemetry, tracer_provider, settings)
+    slot = providers.Singleton(_slot, settings, shadow.provider, profiles, clock)
+    router = providers.Singleton(_router, settings, clock, telemetry)
+    idle = providers.Singleton(_idle, slot, activity, telemetry, clock, settings, router)
+    ration = providers.Singleton(_ration, slot, telemetry, clock, settings)
+    service = providers.Singleton(_service, settings, slot, activity, profiles, idle, ration, telemetry, router,
+                                  clock)
 
 
 def build_container(settings: ShadowSettings) -> Container:

@@ -1,26 +1,114 @@
-"""shadow's settings: environment and ``serve.env``, prefix ``QWEN38_SHADOW_``."""
+"""shadow's settings: environment and ``serve.env``, prefix ``QWEN38_SHADOW_``.
+
+Every field is one key: ``grid`` is ``QWEN38_SHADOW_GRID``. The environment wins over ``serve.env``
+(read from the working folder; ``ShadowSettings(_env_file=None)`` skips it, ``_env_file=path`` picks
+another), and keyword arguments win over both. A bad value fails at once with a ``SettingsError``
+that names the key, the value and where it came from (the file, or the environment).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .errors import ShadowError
+
+PREFIX = "QWEN38_SHADOW_"
+ENV_FILE = "serve.env"
+DEFAULT_HOME = "~/.qwen38-spark-engine/shadow"
+TRACE_EXPORTERS = ("none", "console", "jsonl", "otlp")
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class SettingsError(ShadowError, ValueError):
+    """A setting with a value shadow refuses; the message names the key and where it was set."""
 
 
 class ShadowSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="QWEN38_SHADOW_", env_file="serve.env", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, env_file=ENV_FILE, extra="forbid")
 
+    # ---- the shadow --------------------------------------------------------------------------
     model: str = Field("", description="checkpoint folder of the small Qwen3.5; empty: the shadow is off")
-    dir: str = Field("", description="working folder (demo model, traces); empty: ~/.qwen38-spark-engine/shadow")
+    dir: str = Field("", description="working folder (demo model, traces, journal); empty: " + DEFAULT_HOME)
     grid: int = Field(512, description="rows per chunk; state advances only at multiples of it")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="the small model's activations")
     gb: float = Field(4.0, description="cap on resident session state, GiB")
     disk: str = Field("auto", description="folder for parked sessions; auto: ~/.qwen38-spark-engine/cache/shadow")
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")
-    host: str = "127.0.0.1"
-    port: int = 8011
+    narrator_model: str = Field("", description="the host narrator's checkpoint; the same folder as MODEL: "
+                                                "one slot, one copy of the weights")
+
+    # ---- the service -------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="address `shadow serve` listens on")
+    port: int = Field(8011, description="port `shadow serve` listens on (`--port` overrides)")
+    profiles: str = Field("", description="profile file (YAML or TOML) with named profiles and their "
+                                          "`shadow:` blocks; empty: one profile `default` with mode on")
+    profile: str = Field("default", description="the profile of a turn that names none")
+    max_body_kb: int = Field(16384, description="largest request body the API accepts, KiB")
+
+    # ---- when it reads (spec: When it reads) -------------------------------------------------
+    idle_poll_s: float = Field(0.2, description="how often the idle window looks")
+    idle_window_s: float = Field(2.0, description="longest idle read")
+    ration: float = Field(0.02, description="share of the time since a turn's first token the reader may use")
+    slice_ms: float = Field(150.0, description="longest ration slice")
+
+    # ---- traces ------------------------------------------------------------------------------
+    trace: str = Field("none", description="span exporters, comma-separated: none, console, jsonl, otlp")
+    trace_file: str = Field("", description="the jsonl exporter's file; empty: DIR/traces.jsonl")
+    otlp_endpoint: str = Field("", description="OTLP/HTTP traces endpoint; empty: the exporter's default "
+                                               "(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or localhost:4318)")
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as err:
+            raise SettingsError(_explain(err, values)) from None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _OurKeysOnly(dotenv_settings), file_secret_settings
+
+    # ---- derived -------------------------------------------------------------------------------
+
+    @property
+    def home(self) -> Path:
+        """The working folder: DIR, or ~/.qwen38-spark-engine/shadow."""
+        return Path(self.dir or DEFAULT_HOME).expanduser()
+
+    @property
+    def on(self) -> bool:
+        return bool(self.model.strip())
+
+    @property
+    def trace_exporters(self) -> list[str]:
+        return [t for t in _split(self.trace) if t != "none"]
+
+    @property
+    def trace_path(self) -> Path:
+        return Path(self.trace_file).expanduser() if self.trace_file else self.home / "traces.jsonl"
+
+    @property
+    def shares_narrator_slot(self) -> bool:
+        """MODEL names the narrator's model: both use one slot and one copy of the weights."""
+        if not (self.on and self.narrator_model.strip()):
+            return False
+        return _same_folder(self.model, self.narrator_model)
+
+    # ---- validators (each message is completed with the key and its source) -----------------
 
     @field_validator("grid")
     @classmethod
@@ -29,9 +117,115 @@ class ShadowSettings(BaseSettings):
             raise ValueError("grid must be a positive multiple of 64 (the GDN kernels' block)")
         return v
 
-    @field_validator("gb", "disk_gb")
+    @field_validator("gb", "disk_gb", "idle_poll_s", "idle_window_s", "slice_ms")
     @classmethod
     def _positive(cls, v: float) -> float:
         if v <= 0:
             raise ValueError("must be positive")
         return v
+
+    @field_validator("ration")
+    @classmethod
+    def _share(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError("must be a share in [0, 1): 0.02 is 2 %")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not _DEVICE.match(v):
+            raise ValueError("must be auto, cpu, mps, cuda or cuda:N")
+        return v
+
+    @field_validator("port")
+    @classmethod
+    def _port(cls, v: int) -> int:
+        if not 0 <= v <= 65535:
+            raise ValueError("must be a TCP port in [0, 65535] (0: any free port)")
+        return v
+
+    @field_validator("host", "profile")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("max_body_kb")
+    @classmethod
+    def _body(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be at least 1 (KiB)")
+        return v
+
+    @field_validator("trace")
+    @classmethod
+    def _trace(cls, v: str) -> str:
+        bad = [t for t in _split(v) if t not in TRACE_EXPORTERS]
+        if bad:
+            raise ValueError(f"unknown exporter {bad[0]!r}; choose from {', '.join(TRACE_EXPORTERS)}")
+        return v
+
+
+class _OurKeysOnly(PydanticBaseSettingsSource):
+    """``serve.env`` is the engine's file too: its other keys (``QWEN38_PORT``, ...) are not ours
+    and pass silently, while an unknown ``QWEN38_SHADOW_*`` key (a typo) stays an error."""
+
+    def __init__(self, inner: PydanticBaseSettingsSource) -> None:
+        super().__init__(inner.settings_cls)
+        self.inner = inner
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        fields = self.settings_cls.model_fields
+        return {k: v for k, v in self.inner().items() if k in fields or k.upper().startswith(PREFIX)}
+
+
+def _split(v: str) -> list[str]:
+    return [t.strip().lower() for t in v.split(",") if t.strip()]
+
+
+def _same_folder(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    try:
+        return pa.resolve() == pb.resolve()
+    except OSError:
+        return pa == pb
+
+
+def _dotenv(path: str | os.PathLike[str] | None) -> dict[str, str | None]:
+    if path is None or not Path(path).is_file():
+        return {}
+    from dotenv import dotenv_values  # pydantic-settings' own reader
+
+    return {k.upper(): v for k, v in dotenv_values(path).items()}
+
+
+def _explain(err: ValidationError, values: dict[str, Any]) -> str:
+    """One line per bad key: ``QWEN38_SHADOW_GRID='100' in serve.env: grid must be ...``."""
+    env_file = values.get("_env_file", ShadowSettings.model_config.get("env_file"))
+    if isinstance(env_file, list | tuple):
+        env_file = env_file[-1] if env_file else None
+    from_file = _dotenv(env_file)
+    environ = {k.upper(): v for k, v in os.environ.items()}
+    lines = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else "?"
+        key = field.upper() if field.upper().startswith(PREFIX) else PREFIX + field.upper()
+        if field in values:
+            where, value = "given as an argument", values[field]
+        elif key in environ:
+            where, value = "in the environment", environ[key]
+        elif key in from_file:
+            where, value = f"in {Path(str(env_file)).resolve()}", from_file[key]
+        else:
+            where, value = "", e.get("input")
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            known = ", ".join(PREFIX + f.upper() for f in ShadowSettings.model_fields)
+            msg = f"not a setting (known: {known})"
+        lines.append(f"{key}={value!r} {where}: {msg}".replace("  ", " "))
+    return "bad settings:\n  " + "\n  ".join(lines)

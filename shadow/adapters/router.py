@@ -1,0 +1,140 @@
+"""The router's class question in shadow mode (a profile's ``shadow.router: shadow``).
+
+For a turn whose prompt has at least ``router_min_tokens`` ids, the host hands over the question its
+router asks Qwen (text or ids, the class letters, and the router's own answer). The question waits
+until the reader reaches the turn's insertion point (the prompt's last ``<|im_end|>``, rounded down
+to the grid), and the idle window then asks it. Each answer is journaled, one JSON line in
+``DIR/shadow.jsonl``: the label, its probability, the router's label and whether they agree, how far
+behind the shadow was when the turn began, and the lag from the turn's start to the answer. Nothing of
+the turn changes.
+
+A limit of this first build: the facade asks on top of everything the session holds when asked, so
+once Qwen's output of the turn is fed, the answer has seen it too (``extra_ids`` in the journal says
+how many ids past the insertion point the fork read). Asking exactly at the insertion point needs a
+fork at a position, which the facade does not offer yet.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shadow.core.errors import ShadowError
+from shadow.core.scheduling import NullTelemetry, Telemetry
+from shadow.core.session import grid_line_at_or_below
+from shadow.core.shadow import Shadow
+
+from .tokens import IM_END
+
+
+def insertion_point(prompt: Sequence[int]) -> int:
+    """Just past the prompt's last ``<|im_end|>`` (the end of the last message before the generation
+    prompt); the prompt's length when it has none."""
+    for i in range(len(prompt) - 1, -1, -1):
+        if prompt[i] == IM_END:
+            return i + 1
+    return len(prompt)
+
+
+@dataclass
+class RouterQuestion:
+    session: str
+    request_id: str
+    question: str | list[int]
+    choices: list[str]
+    router_label: str | None
+    insertion: int
+    behind_at_start: int
+    asked_at: float
+    prompt_len: int = 0
+
+
+@dataclass
+class RouterShadow:
+    journal: Path | None = None
+    clock: Callable[[], float] = time.monotonic
+    telemetry: Telemetry = field(default_factory=NullTelemetry)
+    keep: int = 32
+
+    def __post_init__(self) -> None:
+        self._mu = threading.Lock()
+        self._waiting: list[RouterQuestion] = []
+        self.asked = 0
+        self.agreed = 0
+        self.compared = 0
+        self.failed = 0
+        self.last: deque[dict[str, Any]] = deque(maxlen=self.keep)
+
+    def enqueue(self, q: RouterQuestion) -> None:
+        with self._mu:
+            self._waiting.append(q)
+
+    def _committed(self, shadow: Shadow) -> dict[str, int]:
+        return {n: int(s.get("committed", 0)) for n, s in shadow.status()["sessions"].items()}
+
+    def _ready(self, shadow: Shadow) -> list[RouterQuestion]:
+        committed = self._committed(shadow)
+        grid = shadow.grid
+        with self._mu:
+            return [q for q in self._waiting
+                    if committed.get(q.session, -1) >= grid_line_at_or_below(q.insertion, grid)]
+
+    def pending(self, shadow: Shadow) -> bool:
+        return bool(self._ready(shadow))
+
+    def answer(self, shadow: Shadow, busy: Callable[[], bool]) -> None:
+        for q in self._ready(shadow):
+            if busy():
+                return
+            with self._mu:
+                if q not in self._waiting:
+                    continue
+                self._waiting.remove(q)
+            self._ask(shadow, q)
+
+    def _ask(self, shadow: Shadow, q: RouterQuestion) -> None:
+        record: dict[str, Any] = {"session": q.session, "request_id": q.request_id,
+                                  "router_label": q.router_label, "behind_at_start": q.behind_at_start,
+                                  "insertion": q.insertion, "prompt_len": q.prompt_len}
+        with self.telemetry.span("shadow.ask", {"gen_ai.operation.name": "chat", "shadow.ask.kind": "router",
+                                                "gen_ai.conversation.id": q.session,
+                                                "shadow.ask.choices": list(q.choices)}) as span:
+            try:
+                held = len(shadow.book(q.session).ids)
+                answer = shadow.ask(q.session, q.question, q.choices)
+            except ShadowError as err:
+                self.failed += 1
+                record["error"] = str(err)
+                span.set("shadow.ask.error", str(err))
+            else:
+                self.asked += 1
+                agree = None if q.router_label is None else answer.label == q.router_label
+                if agree is not None:
+                    self.compared += 1
+                    self.agreed += int(agree)
+                record.update(label=answer.label, probability=answer.probs[answer.label], probs=answer.probs,
+                              agree=agree, behind=answer.behind, extra_ids=held - q.insertion,
+                              lag_s=self.clock() - q.asked_at, latency_ms=answer.lag_ms)
+                span.set("shadow.ask.label", answer.label)
+                span.set("shadow.ask.probability", float(answer.probs[answer.label]))
+                span.set("shadow.ask.behind", answer.behind)
+                span.set("shadow.ask.latency_ms", answer.lag_ms)
+        self.last.append(record)
+        if self.journal is not None:
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            with self.journal.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def status(self) -> dict[str, Any]:
+        with self._mu:
+            waiting = len(self._waiting)
+        return {"asked": self.asked, "compared": self.compared, "agreed": self.agreed,
+                "agreement": self.agreed / self.compared if self.compared else None,
+                "failed": self.failed, "waiting": waiting,
+                "journal": str(self.journal) if self.journal else None, "last": list(self.last)}

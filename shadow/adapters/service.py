@@ -1,0 +1,405 @@
+"""The shadow as a service: the object an in-process host calls, and what the HTTP API wraps.
+
+``ShadowService`` ties the facade (through its ``Slot``: loaded lazily in an idle window) to the
+host's activity, the profiles, the two schedulers, the router's shadow mode and the spans.
+
+The in-process host interface (an engine calls these; the HTTP host endpoints call the same):
+
+=====================================================  ==========================================
+``arrived(request_id)``                                a request is queued: the idle window stops
+                                                       before its next chunk
+``started(request_id, session, ids=... | messages=...,  the request runs: waits for the chunk in
+profile=..., router=..., barrier=True)``               flight (``barrier``), then feeds the prompt
+``first_token(request_id)``                            the ration counts from here
+``round_ended(request_id, ids)``                       between two decode rounds, on the request's
+                                                       thread: feeds the new output ids, then
+                                                       reads within the ration
+``finished(request_id, ids=())``                       the turn is over (last output ids, if any)
+``hold()`` / ``add_hold(ttl_s)`` / ``release_hold(id)``  keep the idle window shut
+``activity.engine_lock``, ``activity.box_lock``        the two locks (see ``shadow.core.host``);
+                                                       a host passes its own to the container
+=====================================================  ==========================================
+
+``barrier=True`` takes the engine lock at rank 0 and gives it back: use it unless the engine holds
+the shared engine lock itself around its prefill (then pass ``barrier=False``: taking it twice would
+deadlock, it is not reentrant).
+
+Sessions of a profile whose ``shadow.mode`` is off are not followed (``FeedResult.followed`` is
+False). Feeds that come before the model is loaded are kept (the latest prompt and the output after
+it) and replayed when it is; a question then answers 503 until the model is there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shadow.core.errors import BadInput, ShadowError, UnknownSession
+from shadow.core.host import HostActivity, TurnTimeline
+from shadow.core.profiles import Profiles, ShadowBlock
+from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ration_budget
+from shadow.core.settings import ShadowSettings
+from shadow.core.shadow import Answer, ChunkRead, Shadow
+from shadow.core.slot import Slot
+
+from .router import RouterQuestion, RouterShadow, insertion_point
+
+Renderer = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None, bool | None], list[int]]
+
+
+class ShadowUnavailable(ShadowError):
+    """The shadow cannot answer now: it is off, its model is not loaded yet, or loading failed."""
+
+
+def render_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                    enable_thinking: bool | None) -> list[int]:
+    """OpenAI-style messages -> the ids the host's engine prefills (the Qwen3.5 chat template)."""
+    from .chat import render_ids
+
+    try:
+        return render_ids(messages, tools, add_generation_prompt=True, enable_thinking=enable_thinking)
+    except Exception as err:  # the template's and the converters' errors: the input is at fault
+        raise BadInput(f"messages could not be rendered with the chat template: {type(err).__name__}: {err}") \
+            from None
+
+
+@dataclass
+class FeedResult:
+    session: str
+    followed: bool
+    reason: str = ""  # why not followed: "off", "profile", "failed"
+    queued: bool = False  # kept until the model is loaded
+    ids: int = 0
+    committed: int = 0
+    backlog: int = 0
+    behind_at_start: int | None = None  # the backlog when the turn began (before this prompt)
+    rollback: bool = False
+
+
+@dataclass
+class RoundResult:
+    request_id: str
+    chunks: int = 0
+    spent_ms: float = 0.0
+    budget_ms: float = 0.0
+    turn_spent_ms: float = 0.0
+    backlog: int = 0
+
+
+@dataclass
+class _Queued:
+    prompt: list[int]
+    outputs: list[int] = field(default_factory=list)
+
+
+class ShadowService:
+    def __init__(self, settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles,
+                 idle: Scheduler, ration: Scheduler, telemetry: Telemetry | None = None,
+                 router: RouterShadow | None = None, render: Renderer = render_messages,
+                 clock: Callable[[], float] = time.monotonic, keep_answers: int = 32) -> None:
+        self.settings = settings
+        self.slot = slot
+        self.activity = activity
+        self.profiles = profiles
+        self.idle = idle
+        self.ration = ration
+        self.telemetry = telemetry or NullTelemetry()
+        self.router = router
+        self.render = render
+        self.clock = clock
+        self.stats = {"idle": WindowStats(), "ration": WindowStats()}
+        self.answers: deque[dict[str, Any]] = deque(maxlen=keep_answers)
+        self.errors: deque[str] = deque(maxlen=8)
+        self._mu = threading.RLock()
+        self._live: Shadow | None = None
+        self._queued: dict[str, _Queued] = {}
+        self._profile_of: dict[str, str] = {}
+        self._loop = IdleLoop(self.idle_step, settings.idle_poll_s, on_error=self._error)
+        slot.on_loaded(self._replay)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the idle loop (it loads the model in its first window when a profile wants it)."""
+        self._loop.start()
+
+    def stop(self) -> None:
+        """Stop the idle loop, then a planned stop of the facade (it parks resident sessions)."""
+        self._loop.stop()
+        shadow = self._live
+        if shadow is not None:
+            shadow.close()
+
+    def _error(self, err: BaseException) -> None:
+        self.errors.append(f"{type(err).__name__}: {err}")
+
+    def idle_step(self) -> list[ChunkRead]:
+        chunks = self.idle.step()
+        self.stats["idle"].add(chunks)
+        return chunks
+
+    def _replay(self, shadow: Shadow) -> None:
+        """On load (in the idle window): warm the reader with one fresh chunk, so the first chunk a
+        ration reads is not a cold one, then replay the feeds kept meanwhile."""
+        shadow.fresh_state([0] * shadow.grid)
+        with self._mu:
+            for name, q in self._queued.items():
+                try:
+                    shadow.feed_prompt(name, q.prompt)
+                    if q.outputs:
+                        shadow.feed_output(name, q.outputs)
+                except ShadowError as err:
+                    self._error(err)
+            self._queued.clear()
+            self._live = shadow
+
+    # ---- profiles --------------------------------------------------------------------------------
+
+    def block(self, session: str, profile: str | None) -> tuple[str, ShadowBlock]:
+        with self._mu:
+            name = profile or self._profile_of.get(session) or self.settings.profile
+        try:
+            return name, self.profiles.get(name)
+        except ShadowError as err:
+            raise BadInput(str(err)) from None
+
+    def _unavailable(self) -> ShadowUnavailable:
+        if self.slot.state == "off":
+            return ShadowUnavailable("the shadow is off (QWEN38_SHADOW_MODEL is empty)")
+        if self.slot.state == "failed":
+            return ShadowUnavailable(f"the shadow's model failed to load: {self.slot.error}")
+        return ShadowUnavailable("the shadow's model is loading; ask again in a moment")
+
+    # ---- feeding ---------------------------------------------------------------------------------
+
+    def _prompt_ids(self, ids: Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
+                    tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None) -> list[int]:
+        if (ids is None) == (messages is None):
+            raise BadInput("give the prompt as ids or as messages, one of the two")
+        if messages is not None:
+            if not messages:
+                raise BadInput("messages is empty")
+            return self.render(messages, tools, enable_thinking)
+        assert ids is not None
+        return list(ids)
+
+    def _result(self, shadow: Shadow | None, session: str, **kw: Any) -> FeedResult:
+        if shadow is None:
+            with self._mu:
+                q = self._queued.get(session)
+            n = len(q.prompt) + len(q.outputs) if q else 0
+            return FeedResult(session, True, queued=True, ids=n, backlog=n, **kw)
+        s = shadow.status()["sessions"].get(session, {})
+        return FeedResult(session, True, ids=int(s.get("ids", 0)), committed=int(s.get("committed", 0)),
+                          backlog=int(s.get("backlog", 0)), **kw)
+
+    def feed_prompt(self, session: str, ids: Sequence[int] | None = None,
+                    messages: Sequence[Mapping[str, Any]] | None = None,
+                    tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
+                    profile: str | None = None) -> FeedResult:
+        """A turn's whole prompt, as ids or as OpenAI-style messages (rendered with the template)."""
+        name, block = self.block(session, profile)
+        prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
+        if not prompt:
+            raise BadInput("empty prompt")
+        if self.slot.state in ("off", "failed"):
+            return FeedResult(session, False, reason=self.slot.state)
+        with self._mu:
+            self._profile_of[session] = name
+            if not block.follows:
+                return FeedResult(session, False, reason="profile")
+            shadow = self._live
+            if shadow is None:
+                behind = sum(map(len, (self._queued[session].prompt, self._queued[session].outputs))) \
+                    if session in self._queued else None
+                self._queued[session] = _Queued(prompt)
+                return self._result(None, session, behind_at_start=behind)
+        before = shadow.status()["sessions"].get(session)
+        rollbacks = int(before.get("rollbacks", 0)) if before else 0
+        shadow.feed_prompt(session, prompt)
+        out = self._result(shadow, session, behind_at_start=int(before["backlog"]) if before else None)
+        after = shadow.status()["sessions"].get(session, {})
+        out.rollback = int(after.get("rollbacks", 0)) > rollbacks
+        return out
+
+    def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
+        """Qwen's output ids, appended."""
+        if self.slot.state in ("off", "failed"):
+            return FeedResult(session, False, reason=self.slot.state)
+        with self._mu:
+            profile = self._profile_of.get(session)
+            if profile is not None and not self.profiles.get(profile).follows:
+                return FeedResult(session, False, reason="profile")
+            shadow = self._live
+            if shadow is None:
+                q = self._queued.get(session)
+                if q is None:
+                    raise UnknownSession(f"unknown session {session!r}")
+                if any(not isinstance(i, int) or i < 0 for i in ids):
+                    raise BadInput("output ids must be whole numbers >= 0")
+                q.outputs.extend(ids)
+                return self._result(None, session)
+        shadow.feed_output(session, ids)
+        return self._result(shadow, session)
+
+    # ---- the host interface ----------------------------------------------------------------------
+
+    def arrived(self, request_id: str) -> TurnTimeline:
+        return self.activity.arrived(request_id)
+
+    def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
+                messages: Sequence[Mapping[str, Any]] | None = None,
+                tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
+                profile: str | None = None, router: Mapping[str, Any] | None = None,
+                barrier: bool = True) -> tuple[TurnTimeline, FeedResult]:
+        """The request runs. Its prompt is checked first (a bad one changes nothing), then it waits
+        for the idle window's chunk in flight (``barrier``), then the prompt is fed."""
+        name, block = self.block(session, profile)
+        prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
+        if not prompt:
+            raise BadInput("empty prompt")
+        turn = self.activity.started(request_id, session, len(prompt), name)
+        if barrier:
+            self.activity.out_of_the_way()
+        try:
+            fed = self.feed_prompt(session, prompt, profile=name)
+        except ShadowError:
+            self.activity.finished(request_id)
+            raise
+        if (router is not None and fed.followed and self.router is not None and block.router == "shadow"
+                and len(prompt) >= block.router_min_tokens):
+            self.router.enqueue(RouterQuestion(
+                session, request_id, router["question"], list(router["choices"]), router.get("label"),
+                insertion_point(prompt), fed.behind_at_start or 0, self.clock(), len(prompt)))
+        return turn, fed
+
+    def first_token(self, request_id: str) -> TurnTimeline:
+        return self.activity.first_token(request_id)
+
+    def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
+        """Between two decode rounds: feed the round's output ids, then read within the ration."""
+        turn = self.activity.turn(request_id)
+        session = turn.session
+        if session is None or turn.started_s is None:
+            raise BadInput(f"request {request_id!r} has not started")
+        follows = self._follows(session)
+        if ids and follows:
+            self.feed_output(session, ids)
+        turn = self.activity.round_ended(request_id, len(ids))
+        budget = ration_budget(turn, self.clock(), self.settings.ration, self.settings.slice_ms / 1e3)
+        chunks = self.ration.step(turn) if follows else []
+        self.stats["ration"].add(chunks)
+        backlog = 0
+        shadow = self._live
+        if shadow is not None:
+            backlog = int(shadow.status()["sessions"].get(session, {}).get("backlog", 0))
+        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, budget * 1e3,
+                           turn.spent_s * 1e3, backlog)
+
+    def _follows(self, session: str) -> bool:
+        with self._mu:
+            profile = self._profile_of.get(session)
+        if profile is None or self.slot.state in ("off", "failed"):
+            return False
+        return self.profiles.get(profile).follows
+
+    def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
+        turn = self.activity.turn(request_id)
+        if ids and turn.session is not None and self._follows(turn.session):
+            self.feed_output(turn.session, ids)
+        return self.activity.finished(request_id, len(ids))
+
+    @contextmanager
+    def hold(self) -> Iterator[str]:
+        with self.activity.hold() as hold_id:
+            yield hold_id
+
+    def add_hold(self, ttl_s: float | None = None) -> str:
+        return self.activity.add_hold(ttl_s)
+
+    def release_hold(self, hold_id: str) -> None:
+        self.activity.release_hold(hold_id)
+
+    # ---- questions -------------------------------------------------------------------------------
+
+    def _facade(self) -> Shadow:
+        shadow = self._live
+        if shadow is None:
+            raise self._unavailable()
+        return shadow
+
+    def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
+        shadow = self._facade()
+        with self.telemetry.span("shadow.ask", {"gen_ai.operation.name": "chat", "shadow.ask.kind": "ask",
+                                                "gen_ai.conversation.id": session,
+                                                "shadow.ask.choices": list(choices)}) as span:
+            answer = shadow.ask(session, question, choices)
+            span.set("shadow.ask.label", answer.label)
+            span.set("shadow.ask.probability", float(answer.probs[answer.label]))
+            span.set("shadow.ask.behind", answer.behind)
+            span.set("shadow.ask.latency_ms", answer.lag_ms)
+        q = question if isinstance(question, str) else f"<{len(question)} ids>"
+        self.answers.append({"session": session, "question": q[:200], "choices": list(choices),
+                             "label": answer.label, "probs": answer.probs, "behind": answer.behind,
+                             "latency_ms": answer.lag_ms, "at": time.time()})
+        return answer
+
+    def narrate(self, session: str, prompt: str, max_new: int = 64) -> tuple[str, list[int], float]:
+        """The narrator's summary on top of the whole session (a profile with ``narrator: on``):
+        a greedy fork decode; the session is untouched."""
+        _, block = self.block(session, None)
+        if block.narrator != "on":
+            raise BadInput(f"the narrator is off for session {session!r}'s profile")
+        shadow = self._facade()
+        from .tokens import get_tokens
+
+        t0 = time.perf_counter()
+        with self.telemetry.span("shadow.narrate", {"gen_ai.operation.name": "chat",
+                                                    "gen_ai.conversation.id": session,
+                                                    "gen_ai.request.max_tokens": max_new}) as span:
+            ids = shadow.decode(session, prompt, max_new)
+            span.set("gen_ai.usage.output_tokens", len(ids))
+        return get_tokens().decode(ids), ids, (time.perf_counter() - t0) * 1e3
+
+    # ---- status ----------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        shadow = self._live
+        facade: dict[str, Any] = shadow.status() if shadow is not None else {"sessions": {}}
+        sessions: dict[str, Any] = dict(facade.pop("sessions", {}))
+        with self._mu:
+            for name, q in self._queued.items():
+                n = len(q.prompt) + len(q.outputs)
+                sessions[name] = {"where": "queued", "ids": n, "committed": 0, "backlog": n}
+            for name, s in sessions.items():
+                s["profile"] = self._profile_of.get(name)
+        s = self.settings
+        return {
+            "slot": {**self.slot.as_dict(), "device": s.device, "dtype": s.dtype, "grid": s.grid},
+            "where": {"pid": os.getpid(), "host": s.host, "port": s.port, "dir": str(s.home), "disk": s.disk,
+                      "trace": s.trace_exporters, "trace_file": str(s.trace_path) if "jsonl" in s.trace_exporters
+                      else None},
+            "profiles": self.profiles.as_dict(),
+            "host": self.activity.snapshot(),
+            "windows": {k: v.as_dict() for k, v in self.stats.items()},
+            "idle_loop": {"running": self._loop.running, "ticks": self._loop.ticks},
+            "sessions": sessions,
+            "backlog": sum(int(v.get("backlog", 0)) for v in sessions.values()),
+            "bytes": sum(int(v.get("bytes_resident", v.get("bytes", 0))) + int(v.get("bytes_on_disk", 0))
+                         for v in sessions.values()),
+            "checkpoints": sum(len(v.get("checkpoints", [])) for v in sessions.values()),
+            "store": facade,
+            "router": self.router.status() if self.router is not None else None,
+            "answers": list(self.answers),
+            "errors": list(self.errors),
+        }
+
+
+def round_dict(r: RoundResult) -> dict[str, Any]:
+    return asdict(r)

@@ -1,0 +1,295 @@
+"""The Litestar app: questions, status, feeding and host activity for an out-of-process host.
+
+``create_app(container)`` builds it; its lifespan owns the container's resources (the tracer
+provider) and the service's idle loop, and makes a planned stop on the way out. Routes, all under
+``/v1/conductor/shadow``:
+
+==========================  ======================================================================
+``POST /ask``               a typed decision over the whole session: label, probabilities, behind
+``GET /status``             the slot, sessions (read position, backlog, bytes, checkpoints, where),
+                            windows, host activity, the router's agreement, the last answers
+``POST /narrate``           the narrator's summary on top of the session (profile narrator: on)
+``POST /feed/prompt``       a turn's whole prompt: ids, or messages (+ tools) rendered here
+``POST /feed/output``       Qwen's output ids, appended
+``POST /host/arrived``      a request is queued (the idle window stops before its next chunk)
+``POST /host/started``      the request runs: returns once the idle window is out of the way, with
+                            its prompt fed
+``POST /host/first-token``  the turn's first token (the ration counts from here)
+``POST /host/round``        a decode round ended: its output ids; reads within the ration before
+                            it answers (the host waits for the answer before its next round)
+``POST /host/finished``     the turn is over
+``POST /host/holds``        a hold (idle window shut) with a time to live; ``DELETE`` ends it
+==========================  ======================================================================
+
+Errors are JSON ``{"status_code", "detail"}``: 400 bad input (malformed JSON, wrong types, ids out
+of the vocabulary, choices that are not one token), 404 unknown session, request or hold, 413 a
+body over ``QWEN38_SHADOW_MAX_BODY_KB``, 503 the shadow off or its model not loaded yet.
+The OpenAPI schema is served at ``/schema/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import anyio.to_thread
+import msgspec
+from litestar import Controller, Litestar, Request, Response, delete, get, post
+from litestar.di import Provide
+from litestar.exceptions import HTTPException, SerializationException
+from litestar.logging.config import LoggingConfig
+from litestar.openapi.config import OpenAPIConfig
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.spec import Tag
+from litestar.openapi.spec.base import BaseSchemaObject
+from litestar.status_codes import (
+    HTTP_400_BAD_REQUEST,
+    HTTP_404_NOT_FOUND,
+    HTTP_500_INTERNAL_SERVER_ERROR,
+    HTTP_503_SERVICE_UNAVAILABLE,
+)
+
+from shadow.adapters.service import FeedResult, ShadowService, ShadowUnavailable
+from shadow.core.errors import BadInput, ShadowError, UnknownSession
+from shadow.core.host import TurnTimeline, UnknownRequest
+from shadow.core.profiles import ProfileError
+
+from . import models
+from .models import (
+    Arrived,
+    AskBody,
+    Asked,
+    Chat,
+    Fed,
+    Hold,
+    HoldBody,
+    NarrateBody,
+    Narrated,
+    Output,
+    Problem,
+    Prompt,
+    Rationed,
+    RequestRef,
+    Round,
+    Started,
+    StartedTurn,
+    Status,
+    Turn,
+)
+
+BASE = "/v1/conductor/shadow"
+log = logging.getLogger("shadow.api")
+VERSION = "0.1.0"
+
+
+def _spec(text: str) -> ResponseSpec:
+    return ResponseSpec(data_container=Problem, description=text, generate_examples=False)
+
+
+ERRORS = {
+    400: _spec("Bad input: malformed JSON, wrong types or fields, ids out of the vocabulary, choices "
+               "that are not one token, an unknown profile"),
+    404: _spec("Unknown session, request or hold"),
+    413: _spec("The body is larger than QWEN38_SHADOW_MAX_BODY_KB"),
+    503: _spec("The shadow is off, or its model is not loaded yet, or failed to load"),
+}
+
+
+@dataclass
+class _Exact(BaseSchemaObject):
+    """A component schema as msgspec writes it (every constraint the server checks)."""
+
+    raw: dict[str, Any]
+
+    def to_schema(self) -> dict[str, Any]:
+        return self.raw
+
+
+def _exact_components(app: Litestar) -> None:
+    """Litestar's generated schemas drop constraints nested in lists and unions (token ids' range,
+    a prompt's minimum length) and ``additionalProperties: false``; msgspec's own JSON schema of
+    the same structs keeps them, so the served components are msgspec's."""
+    structs = [getattr(models, n) for n in models.__all__]
+    _, components = msgspec.json.schema_components(structs, ref_template="#/components/schemas/{name}")
+    schema = app.openapi_schema
+    assert schema.components.schemas is not None
+    for name, raw in components.items():
+        schema.components.schemas[name] = _Exact(raw)  # type: ignore[assignment]
+
+
+def _prompt(p: list[int] | Chat) -> dict[str, Any]:
+    """The service's keyword arguments for a prompt given as ids or as messages."""
+    if isinstance(p, Chat):
+        return {"messages": [msgspec.to_builtins(m) for m in p.messages], "tools": p.tools,
+                "enable_thinking": p.enable_thinking}
+    return {"ids": p}
+
+
+def _fed(r: FeedResult) -> Fed:
+    return Fed(**asdict(r))
+
+
+def _turn(t: TurnTimeline) -> Turn:
+    return Turn(**t.as_dict())
+
+
+class ShadowController(Controller):
+    path = BASE
+    tags = ("shadow",)
+
+    @post("/ask", responses=ERRORS, status_code=200, sync_to_thread=True,
+          summary="Ask a typed question about a session")
+    def ask(self, data: AskBody, service: ShadowService) -> Asked:
+        a = service.ask(data.session, data.question, data.choices)
+        return Asked(session=data.session, label=a.label, probabilities=a.probs, behind=a.behind,
+                     latency_ms=a.lag_ms)
+
+    @get("/status", sync_to_thread=True, summary="The slot, every session's read position, the windows")
+    def status(self, service: ShadowService) -> Status:
+        return Status(**service.status())
+
+    @post("/narrate", responses=ERRORS, status_code=200, sync_to_thread=True,
+          summary="The narrator's summary on top of a session")
+    def narrate(self, data: NarrateBody, service: ShadowService) -> Narrated:
+        text, ids, ms = service.narrate(data.session, data.prompt, data.max_new)
+        return Narrated(session=data.session, text=text, ids=ids, latency_ms=ms)
+
+
+class FeedController(Controller):
+    path = BASE + "/feed"
+    tags = ("feeding",)
+
+    @post("/prompt", responses=ERRORS, status_code=200, sync_to_thread=True,
+          summary="A turn's whole prompt (ids or messages)")
+    def prompt(self, data: Prompt, service: ShadowService) -> Fed:
+        return _fed(service.feed_prompt(data.session, profile=data.profile, **_prompt(data.prompt)))
+
+    @post("/output", responses=ERRORS, status_code=200, sync_to_thread=True,
+          summary="Qwen's output ids, appended")
+    def output(self, data: Output, service: ShadowService) -> Fed:
+        return _fed(service.feed_output(data.session, data.ids))
+
+
+class HostController(Controller):
+    path = BASE + "/host"
+    tags = ("host",)
+
+    @post("/arrived", responses=ERRORS, status_code=200,
+          summary="A request is queued")
+    async def arrived(self, data: Arrived, service: ShadowService) -> Turn:
+        return _turn(service.arrived(data.request_id))
+
+    @post("/started", responses=ERRORS, status_code=200, sync_to_thread=True,
+          summary="The request runs; answers once the idle window is out of the way")
+    def started(self, data: Started, service: ShadowService) -> StartedTurn:
+        router = None
+        if data.router is not None:
+            router = {"question": data.router.question, "choices": data.router.choices, "label": data.router.label}
+        turn, fed = service.started(data.request_id, data.session, profile=data.profile, router=router,
+                                    **_prompt(data.prompt))
+        return StartedTurn(turn=_turn(turn), fed=_fed(fed))
+
+    @post("/first-token", responses=ERRORS, status_code=200,
+          summary="The turn's first token")
+    async def first_token(self, data: RequestRef, service: ShadowService) -> Turn:
+        return _turn(service.first_token(data.request_id))
+
+    @post("/round", responses=ERRORS, status_code=200, sync_to_thread=True,
+          summary="A decode round ended; reads within the ration before answering")
+    def round(self, data: Round, service: ShadowService) -> Rationed:
+        return Rationed(**asdict(service.round_ended(data.request_id, data.ids)))
+
+    @post("/finished", responses=ERRORS, status_code=200, sync_to_thread=True,
+          summary="The turn is over")
+    def finished(self, data: Round, service: ShadowService) -> Turn:
+        return _turn(service.finished(data.request_id, data.ids))
+
+    @post("/holds", responses=ERRORS, status_code=201,
+          summary="Keep the idle window shut (with a TTL)")
+    async def add_hold(self, data: HoldBody, service: ShadowService) -> Hold:
+        return Hold(hold_id=service.add_hold(data.ttl_s))
+
+    @delete("/holds/{hold_id:str}", responses={404: ERRORS[404]}, status_code=204, summary="End a hold")
+    async def release_hold(self, hold_id: str, service: ShadowService) -> None:
+        service.release_hold(hold_id)
+
+
+def _problem(status: int) -> Any:
+    def handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
+        return Response(Problem(status_code=status, detail=str(exc)), status_code=status)
+
+    return handler
+
+
+def _http_problem(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Problem]:
+    detail = exc.detail
+    if isinstance(exc.__cause__, SerializationException):
+        detail = f"the body is not valid JSON (malformed): {detail}"
+    if exc.extra:
+        detail = f"{detail}: {exc.extra}"
+    return Response(Problem(status_code=exc.status_code, detail=str(detail)), status_code=exc.status_code,
+                    headers=exc.headers)
+
+
+def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
+    log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return Response(Problem(status_code=500, detail=f"internal error: {type(exc).__name__}"), status_code=500)
+
+
+def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litestar:
+    """The app over ``container`` (by default built from the environment and ``serve.env``)."""
+    if container is None:
+        from shadow.container import build_container
+        from shadow.core.settings import ShadowSettings
+
+        container = build_container(ShadowSettings())
+    settings = container.settings()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        container.init_resources()
+        service: ShadowService = container.service()
+        app.state.service = service
+        if start_idle_loop:
+            service.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(service.stop)
+            container.shutdown_resources()
+
+    def provide_service(request: Request[Any, Any, Any]) -> ShadowService:
+        service: ShadowService = request.app.state.service
+        return service
+
+    app = Litestar(
+        route_handlers=[ShadowController, FeedController, HostController],
+        dependencies={"service": Provide(provide_service, sync_to_thread=False)},
+        lifespan=[lifespan],
+        exception_handlers={
+            HTTPException: _http_problem,
+            UnknownSession: _problem(HTTP_404_NOT_FOUND),
+            UnknownRequest: _problem(HTTP_404_NOT_FOUND),
+            BadInput: _problem(HTTP_400_BAD_REQUEST),
+            ProfileError: _problem(HTTP_400_BAD_REQUEST),
+            ShadowUnavailable: _problem(HTTP_503_SERVICE_UNAVAILABLE),
+            ShadowError: _problem(HTTP_500_INTERNAL_SERVER_ERROR),
+            Exception: _internal,
+        },
+        logging_config=LoggingConfig(configure_root_logger=False, log_exceptions="never"),
+        request_max_body_size=settings.max_body_kb * 1024,
+        openapi_config=OpenAPIConfig(
+            title="shadow", version=VERSION, path="/schema",
+            description="A small Qwen3.5 that follows every session a served Qwen holds, read on a grid.",
+            tags=[Tag(name="shadow"), Tag(name="feeding"), Tag(name="host")],
+            render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
+        ),
+        signature_namespace={"ShadowService": ShadowService},
+        debug=False,
+    )
+    _exact_components(app)
+    return app

@@ -1,0 +1,308 @@
+"""The host interface: what the host's engine tells the shadow, and the two locks they share.
+
+Pure Python and clock-injectable, so the schedulers can be driven by a simulated timeline.
+
+What the words mean (spec, "When it reads"):
+
+- A request **waits** from ``arrived`` until ``started``: it is queued for the engine.
+- It **runs** from ``started`` until ``finished``: its prefill and its decode.
+- A **hold** (``hold()``, or ``add_hold``/``release_hold`` with a time to live) keeps the idle
+  window shut while the host does something that wants the GPU alone (a benchmark, a model load).
+- The turn's **first token**: ``first_token``. The ration counts from it, not from the turn's
+  start: counting from the start let a 17 s prefill earn a ration that was then spent inside the
+  decode.
+- A **round**: one of the host's decode steps. ``round_ended`` is called between two rounds on
+  the request's thread; that is where the rationed scheduler reads.
+
+The locks:
+
+- The **engine lock** is a ``RankedLock``: waiters are served lowest rank first, in arrival order
+  within a rank. The host's requests take it at rank 0 (ranks 1 to 3 are the host's own, e.g. a
+  summary written ahead); the idle window takes it at ``IDLE_RANK`` (4), behind every waiter. A
+  host that has its own ranked engine lock passes it in; otherwise the activity makes one, and
+  ``out_of_the_way()`` (take it at rank 0 and give it back) is the barrier a request passes
+  before its prefill: it returns once the chunk being read, if any, is done.
+- The **box lock** is any lock with ``acquire(blocking=False)``/``release``: the host holds it
+  while loading a model or doing anything that owns the whole box. The idle window takes it
+  without waiting, and skips its turn when it is held.
+
+Every counter reads and writes under one internal lock, so an engine thread, the HTTP handlers
+and the idle loop may call in at any time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import BadInput, ShadowError
+
+IDLE_RANK = 4
+REQUEST_RANK = 0
+STALE_S = 600.0  # a request with no event for this long is forgotten (a host that died mid-turn)
+
+
+class UnknownRequest(ShadowError, KeyError):
+    """A request id the host never announced (or one already finished)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown request"
+
+
+class EngineLock(Protocol):
+    def acquire(self, rank: int = REQUEST_RANK, timeout: float | None = None) -> bool: ...
+
+    def release(self) -> None: ...
+
+    def waiting(self, below_rank: int | None = None) -> int: ...
+
+
+class BoxLock(Protocol):
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class RankedLock:
+    """A lock whose waiters are served lowest rank first, first come first served within a rank.
+
+    Not reentrant; any thread may release it (an HTTP host takes and gives back on different
+    handler threads)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._held = False
+        self._queue: list[tuple[int, int]] = []  # (rank, ticket), a heap
+        self._tickets = itertools.count()
+
+    def acquire(self, rank: int = REQUEST_RANK, timeout: float | None = None) -> bool:
+        with self._cond:
+            if not self._held and not self._queue:
+                self._held = True
+                return True
+            if timeout is not None and timeout <= 0:
+                return False
+            me = (rank, next(self._tickets))
+            heapq.heappush(self._queue, me)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                while self._held or self._queue[0] != me:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+                heapq.heappop(self._queue)
+                self._held = True
+                return True
+            finally:
+                if me in self._queue:  # timed out: leave the queue, wake the next one
+                    self._queue.remove(me)
+                    heapq.heapify(self._queue)
+                    self._cond.notify_all()
+
+    def release(self) -> None:
+        with self._cond:
+            if not self._held:
+                raise RuntimeError("release of an engine lock that is not held")
+            self._held = False
+            self._cond.notify_all()
+
+    def waiting(self, below_rank: int | None = None) -> int:
+        """Waiters, or those of a rank below ``below_rank`` (the ones an idle window yields to)."""
+        with self._cond:
+            return sum(1 for r, _ in self._queue if below_rank is None or r < below_rank)
+
+    @property
+    def locked(self) -> bool:
+        return self._held
+
+    @contextmanager
+    def held(self, rank: int = REQUEST_RANK) -> Iterator[None]:
+        self.acquire(rank)
+        try:
+            yield
+        finally:
+            self.release()
+
+
+@dataclass
+class TurnTimeline:
+    """One request's turn as the host reported it; the ration's arithmetic reads it."""
+
+    request_id: str
+    session: str | None = None
+    profile: str | None = None
+    arrived_s: float | None = None
+    started_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    prompt_len: int = 0
+    output_len: int = 0
+    rounds: int = 0
+    spent_s: float = 0.0  # ration used so far (measured device time of the chunks read)
+    chunks: int = 0
+    last_event_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class _Hold:
+    until: float | None  # None: until released
+
+
+@dataclass
+class HostActivity:
+    """The host's side, as the shadow sees it: who waits, who runs, who holds; turns' timelines."""
+
+    clock: Callable[[], float] = time.monotonic
+    engine_lock: EngineLock = field(default_factory=RankedLock)
+    box_lock: BoxLock = field(default_factory=threading.Lock)
+    stale_s: float = STALE_S
+
+    def __post_init__(self) -> None:
+        self._mu = threading.Lock()
+        self._turns: dict[str, TurnTimeline] = {}
+        self._holds: dict[str, _Hold] = {}
+        self._hold_ids = itertools.count(1)
+        self.finished_turns = 0
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def arrived(self, request_id: str) -> TurnTimeline:
+        """A request is queued for the engine: the idle window stops before its next chunk."""
+        now = self.clock()
+        with self._mu:
+            if request_id in self._turns:
+                raise BadInput(f"request {request_id!r} was already announced")
+            turn = self._turns[request_id] = TurnTimeline(request_id, arrived_s=now, last_event_s=now)
+            return turn
+
+    def started(self, request_id: str, session: str | None = None, prompt_len: int = 0,
+                profile: str | None = None) -> TurnTimeline:
+        """The request runs (its prefill starts). Announcing it first with ``arrived`` is optional."""
+        now = self.clock()
+        with self._mu:
+            turn = self._turns.get(request_id)
+            if turn is None:
+                turn = self._turns[request_id] = TurnTimeline(request_id, arrived_s=now)
+            elif turn.started_s is not None:
+                raise BadInput(f"request {request_id!r} already started")
+            turn.session, turn.profile, turn.prompt_len = session, profile, prompt_len
+            turn.started_s = turn.last_event_s = now
+            return turn
+
+    def first_token(self, request_id: str) -> TurnTimeline:
+        now = self.clock()
+        with self._mu:
+            turn = self._running(request_id)
+            if turn.first_token_s is None:
+                turn.first_token_s = now
+            turn.last_event_s = now
+            return turn
+
+    def round_ended(self, request_id: str, new_ids: int = 0) -> TurnTimeline:
+        now = self.clock()
+        with self._mu:
+            turn = self._running(request_id)
+            if turn.first_token_s is None:  # a round produced tokens: the first came with it
+                turn.first_token_s = now
+            turn.rounds += 1
+            turn.output_len += new_ids
+            turn.last_event_s = now
+            return turn
+
+    def finished(self, request_id: str, new_ids: int = 0) -> TurnTimeline:
+        now = self.clock()
+        with self._mu:
+            turn = self._turns.pop(request_id, None)
+            if turn is None:
+                raise UnknownRequest(f"unknown request {request_id!r}")
+            turn.output_len += new_ids
+            turn.finished_s = now
+            self.finished_turns += 1
+            return turn
+
+    def turn(self, request_id: str) -> TurnTimeline:
+        with self._mu:
+            try:
+                return self._turns[request_id]
+            except KeyError:
+                raise UnknownRequest(f"unknown request {request_id!r}") from None
+
+    def _running(self, request_id: str) -> TurnTimeline:
+        turn = self._turns.get(request_id)
+        if turn is None:
+            raise UnknownRequest(f"unknown request {request_id!r}")
+        if turn.started_s is None:
+            raise BadInput(f"request {request_id!r} has not started")
+        return turn
+
+    # ---- holds ---------------------------------------------------------------------------------
+
+    def add_hold(self, ttl_s: float | None = None) -> str:
+        """A hold that lasts until ``release_hold`` or, with ``ttl_s``, until it expires."""
+        with self._mu:
+            hold_id = f"hold-{next(self._hold_ids)}"
+            self._holds[hold_id] = _Hold(None if ttl_s is None else self.clock() + ttl_s)
+            return hold_id
+
+    def release_hold(self, hold_id: str) -> None:
+        with self._mu:
+            if self._holds.pop(hold_id, None) is None:
+                raise UnknownRequest(f"unknown hold {hold_id!r}")
+
+    @contextmanager
+    def hold(self) -> Iterator[str]:
+        hold_id = self.add_hold()
+        try:
+            yield hold_id
+        finally:
+            self.release_hold(hold_id)
+
+    # ---- what the idle window asks --------------------------------------------------------------
+
+    def _expire(self, now: float) -> None:
+        for k in [k for k, h in self._holds.items() if h.until is not None and h.until <= now]:
+            del self._holds[k]
+        for k in [k for k, t in self._turns.items() if now - t.last_event_s > self.stale_s]:
+            del self._turns[k]
+
+    def counts(self) -> tuple[int, int, int]:
+        """(waiting, running, holds) now; waiting counts engine-lock waiters ahead of the idle window."""
+        with self._mu:
+            self._expire(self.clock())
+            running = sum(1 for t in self._turns.values() if t.started_s is not None)
+            waiting = len(self._turns) - running
+            holds = len(self._holds)
+        return waiting + self.engine_lock.waiting(below_rank=IDLE_RANK), running, holds
+
+    def waiting(self) -> int:
+        return self.counts()[0]
+
+    def busy(self) -> bool:
+        """A request runs or waits, or a hold is on: the idle window stays shut."""
+        return any(self.counts())
+
+    def out_of_the_way(self, timeout: float | None = None) -> bool:
+        """Pass through the engine lock at rank 0: returns once the idle window's chunk in flight,
+        if any, is done. What a request does before its prefill when the host shares no lock."""
+        if not self.engine_lock.acquire(REQUEST_RANK, timeout):
+            return False
+        self.engine_lock.release()
+        return True
+
+    def snapshot(self) -> dict[str, Any]:
+        waiting, running, holds = self.counts()
+        with self._mu:
+            turns = [t.as_dict() for t in self._turns.values()]
+            hold_ids = sorted(self._holds)
+        return {"waiting": waiting, "running": running, "holds": holds, "hold_ids": hold_ids, "turns": turns,
+                "finished_turns": self.finished_turns}

@@ -1,0 +1,167 @@
+"""When the reader may read: the ``Scheduler`` seam, the ration's arithmetic, and what a scheduler
+reports about each chunk (``Telemetry``). Pure Python; the schedulers live in
+``shadow.backends.schedulers`` and the spans in ``shadow.adapters.telemetry``.
+
+Two windows (ARCHITECTURE invariant 6):
+
+- ``idle``: no request runs or waits and no hold is on; reads at most ``idle_window_s`` and checks
+  before every chunk whether a request waits, so a request waits at most one chunk.
+- ``ration``: between two of the host's decode rounds, on the request's thread: at most ``share``
+  of the time since the turn's first token, minus what the turn already used, in slices of at most
+  ``slice_s``, whole chunks only, the next chunk's cost estimated from the last one's.
+
+Nothing here sleeps or reads a clock of its own: time comes in as arguments or as an injected
+clock, so the same code runs under a simulated timeline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from .host import TurnTimeline
+from .shadow import ChunkRead
+
+Window = Literal["idle", "ration"]
+Clock = Callable[[], float]
+
+SHARE = 0.02
+SLICE_S = 0.150
+IDLE_POLL_S = 0.2
+IDLE_WINDOW_S = 2.0
+
+
+class Scheduler(Protocol):
+    """Grants the reader a window and reads in it. ``step`` is one grant: it reads what the window
+    allows now (possibly nothing) and returns the chunks read; it never sleeps."""
+
+    window: Window
+
+    def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]: ...
+
+
+class Span(Protocol):
+    def set(self, key: str, value: Any) -> None: ...
+
+
+class Telemetry(Protocol):
+    """What the schedulers and the service report. Attributes come from what was measured anyway:
+    nothing here may cost a device sync."""
+
+    def span(self, name: str, attributes: Mapping[str, Any]) -> AbstractContextManager[Span]: ...
+
+    def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
+              attributes: Mapping[str, Any] | None = None) -> None: ...
+
+
+class _NullSpan:
+    def set(self, key: str, value: Any) -> None:
+        pass
+
+
+class NullTelemetry:
+    """Records nothing (traces off)."""
+
+    @contextmanager
+    def span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
+        yield _NullSpan()
+
+    def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
+              attributes: Mapping[str, Any] | None = None) -> None:
+        pass
+
+
+def ration_budget(turn: TurnTimeline, now: float, share: float = SHARE, slice_s: float = SLICE_S) -> float:
+    """Seconds of reading this slice may use: ``share`` of the time since the turn's first token,
+    less what the turn used already, at most ``slice_s``; 0 before the first token."""
+    if turn.first_token_s is None:
+        return 0.0
+    earned = share * max(0.0, now - turn.first_token_s)
+    return max(0.0, min(slice_s, earned - turn.spent_s))
+
+
+def fits(spent: float, estimate: float | None, budget: float) -> bool:
+    """Whether the next whole chunk may start: its estimated cost (the last chunk's) still fits.
+    Without an estimate (the first chunk ever) one chunk may start if anything is left: the
+    bound is then the budget plus one chunk."""
+    if budget <= 0:
+        return False
+    if estimate is None:
+        return spent == 0.0
+    return spent + estimate <= budget
+
+
+@dataclass
+class WindowStats:
+    """Chunks and measured seconds read per window, for status and the demo's summary (several
+    request threads add to the ration's at once)."""
+
+    windows: int = 0
+    chunks: int = 0
+    rows: int = 0
+    spent_s: float = 0.0
+    _mu: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, chunks: list[ChunkRead]) -> None:
+        with self._mu:
+            if chunks:
+                self.windows += 1
+            self.chunks += len(chunks)
+            self.rows += sum(c.rows for c in chunks)
+            self.spent_s += sum(c.cost_s for c in chunks)
+
+    def as_dict(self) -> dict[str, Any]:
+        with self._mu:
+            return {"windows": self.windows, "chunks": self.chunks, "rows": self.rows,
+                    "spent_ms": round(self.spent_s * 1e3, 3)}
+
+
+class IdleLoop:
+    """Runs a scheduler's ``step`` every ``poll_s`` on a thread of its own until ``stop``.
+
+    The wait is the stop event's (``wait``, injectable): no hidden sleeps."""
+
+    def __init__(self, step: Callable[[], object], poll_s: float = IDLE_POLL_S,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self.step = step
+        self.poll_s = poll_s
+        self.on_error = on_error
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ticks = 0
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="shadow-idle", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as err:  # the loop outlives one bad window; the error goes to status
+                if self.on_error is not None:
+                    self.on_error(err)
+            self.ticks += 1
+            self._stop.wait(self.poll_s)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def epoch_ns() -> int:
+    """Span timestamps (OpenTelemetry wants epoch nanoseconds); never used for a budget."""
+    return time.time_ns()

@@ -1,0 +1,135 @@
+"""The host interface and the ration's arithmetic, pure Python on a simulated clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shadow.core.errors import BadInput
+from shadow.core.host import IDLE_RANK, HostActivity, RankedLock, TurnTimeline, UnknownRequest
+from shadow.core.scheduling import IdleLoop, fits, ration_budget
+
+from .conftest import FakeClock
+
+
+def test_ranked_lock_serves_lowest_rank_first_then_arrival_order() -> None:
+    lock = RankedLock()
+    assert lock.acquire(0)
+    order: list[str] = []
+    threads = []
+    for name, rank in [("idle", IDLE_RANK), ("req-a", 0), ("summary", 1), ("req-b", 0)]:
+        def take(name: str = name, rank: int = rank) -> None:
+            lock.acquire(rank)
+            order.append(name)
+            lock.release()
+        t = threading.Thread(target=take)
+        t.start()
+        threads.append(t)
+        while lock.waiting() < len(threads):
+            time.sleep(0.001)
+    assert lock.waiting() == 4 and lock.waiting(below_rank=IDLE_RANK) == 3
+    lock.release()
+    for t in threads:
+        t.join(5)
+    assert order == ["req-a", "req-b", "summary", "idle"]
+
+
+def test_ranked_lock_timeout_leaves_the_queue() -> None:
+    lock = RankedLock()
+    lock.acquire()
+    assert not lock.acquire(IDLE_RANK, timeout=0.01)
+    assert not lock.acquire(IDLE_RANK, timeout=0)
+    assert lock.waiting() == 0
+    lock.release()
+    assert lock.acquire(IDLE_RANK, timeout=0) and lock.locked
+    lock.release()
+    with pytest.raises(RuntimeError):
+        lock.release()
+
+
+def test_activity_counts_waiting_running_holds() -> None:
+    clock = FakeClock()
+    a = HostActivity(clock=clock, stale_s=60)
+    assert not a.busy()
+    a.arrived("r1")
+    assert a.counts() == (1, 0, 0) and a.busy()
+    with pytest.raises(BadInput):
+        a.arrived("r1")
+    a.started("r1", "s", prompt_len=100)
+    assert a.counts() == (0, 1, 0)
+    a.arrived("r2")
+    with pytest.raises(BadInput, match="not started"):
+        a.first_token("r2")
+    clock.advance(2.0)
+    assert a.first_token("r1").first_token_s == clock.t
+    t = a.round_ended("r1", 8)
+    assert (t.rounds, t.output_len) == (1, 8)
+    done = a.finished("r1", 3)
+    assert done.output_len == 11 and done.finished_s == clock.t
+    assert a.counts() == (1, 0, 0)  # r2 still waits
+    clock.advance(61)  # a host that died with r2 queued: forgotten after stale_s
+    assert a.counts() == (0, 0, 0)
+    with pytest.raises(UnknownRequest):
+        a.finished("r2")
+    hold = a.add_hold(ttl_s=5)
+    assert a.busy()
+    clock.advance(6)
+    assert not a.busy()
+    with pytest.raises(UnknownRequest):
+        a.release_hold(hold)
+    with a.hold():
+        assert a.counts()[2] == 1
+    assert not a.busy()
+
+
+def test_engine_lock_waiters_count_as_waiting() -> None:
+    a = HostActivity()
+    a.engine_lock.acquire(0)
+    t = threading.Thread(target=lambda: (a.engine_lock.acquire(0), a.engine_lock.release()))
+    t.start()
+    while a.engine_lock.waiting() == 0:
+        time.sleep(0.001)
+    assert a.waiting() == 1 and a.busy()
+    a.engine_lock.release()
+    t.join(5)
+    assert not a.busy() and a.out_of_the_way(timeout=1)
+
+
+def test_ration_budget_counts_from_the_first_token() -> None:
+    turn = TurnTimeline("r", started_s=0.0)
+    assert ration_budget(turn, now=20.0) == 0.0  # a 20 s prefill earns nothing
+    turn.first_token_s = 17.0
+    assert ration_budget(turn, now=20.0) == pytest.approx(0.06)
+    turn.spent_s = 0.05
+    assert ration_budget(turn, now=20.0) == pytest.approx(0.01)
+    assert ration_budget(turn, now=117.0) == pytest.approx(0.150)  # a slice is at most 150 ms
+    turn.spent_s = 5.0
+    assert ration_budget(turn, now=117.0) == 0.0
+
+
+def test_fits_whole_chunks_from_the_last_cost() -> None:
+    assert fits(0.0, None, 0.001)  # no cost known yet: one chunk may start
+    assert not fits(0.01, None, 1.0)
+    assert fits(0.1, 0.04, 0.15) and not fits(0.12, 0.04, 0.15)
+    assert not fits(0.0, 0.01, 0.0)
+
+
+def test_idle_loop_steps_until_stopped() -> None:
+    seen = threading.Event()
+    errors: list[BaseException] = []
+    calls = []
+
+    def step() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("one bad window")
+        if len(calls) >= 3:
+            seen.set()
+
+    loop = IdleLoop(step, poll_s=0.001, on_error=errors.append)
+    loop.start()
+    assert seen.wait(5)
+    loop.stop()
+    assert not loop.running and len(errors) == 1 and loop.ticks >= 3

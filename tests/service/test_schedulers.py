@@ -1,0 +1,254 @@
+"""The idle window and the ration with the real (tiny, real-vocabulary) model and a simulated clock.
+
+Built through the container with providers overridden (clock, tracer provider, telemetry), never
+patched. Costs are the reader's own measurements; the clock only moves when a test moves it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dependency_injector import providers
+
+from shadow.adapters.service import ShadowUnavailable
+from shadow.adapters.telemetry import SpanTelemetry
+from shadow.backends.schedulers import RationedScheduler
+from shadow.core.host import HostActivity, RankedLock
+from shadow.core.scheduling import Window
+from shadow.core.shadow import ChunkRead
+
+from .conftest import FakeClock, Spans, make_container, make_settings
+
+GRID = 64
+
+
+def ids(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(200, 240_000) for _ in range(n)]
+
+
+def loaded(checkpoint: Path, tmp_path: Path, clock: FakeClock | None, spans: Spans | None, **kw: Any) -> Any:
+    c = make_container(make_settings(checkpoint, tmp_path, **kw), clock, spans)
+    svc = c.service()
+    assert svc.idle_step() == [] and c.slot().state == "loaded"  # the first idle window loads the model
+    return c, svc
+
+
+class ArriveAfter:
+    """Telemetry that announces a request once the idle window has read ``k`` chunks."""
+
+    def __init__(self, inner: SpanTelemetry, k: int) -> None:
+        self.inner, self.k, self.n = inner, k, 0
+        self.activity: HostActivity | None = None
+
+    def span(self, name: str, attributes: Mapping[str, Any]) -> Any:
+        return self.inner.span(name, attributes)
+
+    def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
+              attributes: Mapping[str, Any] | None = None) -> None:
+        self.inner.chunk(window, chunk, backlog_after, start_ns, end_ns, attributes)
+        self.n += 1
+        if self.n == self.k and self.activity is not None:
+            self.activity.arrived("came-in")
+
+
+# ---- the slot --------------------------------------------------------------------------------------
+
+def test_model_loads_in_an_idle_window_soon_after_start_not_on_a_request(checkpoint, tmp_path, clock):
+    c = make_container(make_settings(checkpoint, tmp_path), clock)
+    svc = c.service()
+    assert c.slot().state == "empty"
+    prompt = ids(5 * GRID + 9)
+    _, fed = svc.started("r1", "s", prompt)  # the request's path does not load the model
+    assert fed.followed and fed.queued and c.slot().state == "empty"
+    svc.first_token("r1")
+    clock.advance(10)
+    assert svc.round_ended("r1", ids(8, 1)).chunks == 0 and c.slot().state == "empty"
+    with pytest.raises(ShadowUnavailable, match="loading"):
+        svc.ask("s", "Done? A: yes, B: no.", ["A", "B"])
+    svc.finished("r1")
+    assert svc.idle_step() == [] and c.slot().state == "loaded"  # the first idle window loads it
+    assert svc.status()["sessions"]["s"]["ids"] == len(prompt) + 8  # what came meanwhile, replayed
+    assert len(svc.idle_step()) == 5
+    assert svc.ask("s", "Done? A: yes, B: no.", ["A", "B"]).behind == 17
+
+
+def test_no_profile_on_no_early_load(checkpoint, tmp_path, clock):
+    profiles = tmp_path / "profiles.yaml"
+    profiles.write_text("chat: {}\ncoding:\n  shadow: {mode: off}\n")
+    c = make_container(make_settings(checkpoint, tmp_path, profiles=str(profiles), profile="chat"), clock)
+    svc = c.service()
+    assert svc.idle_step() == [] and c.slot().state == "empty" and not c.slot().due
+    assert svc.feed_prompt("s", ids(100)).reason == "profile"
+
+
+def test_narrator_model_shares_one_slot_and_one_copy(checkpoint, tmp_path, clock):
+    c, svc = loaded(checkpoint, tmp_path, clock, None, narrator_model=str(checkpoint))
+    assert svc.status()["slot"]["shared_with"] == ["narrator"]
+    assert c.shadow().reader.model is c.model()
+
+
+# ---- the idle window -------------------------------------------------------------------------------
+
+def test_a_request_arriving_during_an_idle_read_waits_at_most_one_chunk(checkpoint, tmp_path, clock, spans):
+    c = make_container(make_settings(checkpoint, tmp_path), clock, spans)
+    recorder = ArriveAfter(SpanTelemetry(spans.provider), k=3)
+    c.telemetry.override(providers.Object(recorder))
+    svc = c.service()
+    recorder.activity = c.activity()
+    svc.idle_step()
+    svc.feed_prompt("s", ids(20 * GRID))
+    read = svc.idle_step()
+    assert len(read) == 3  # the request came while the third chunk was read: no fourth
+    [window] = spans.all("shadow.window")
+    assert window.attributes["shadow.window.stopped_for"] == "request"
+    assert svc.idle_step() == []  # it waits: the window stays shut
+    c.activity().started("came-in", "s")
+    c.activity().finished("came-in")
+    assert len(svc.idle_step()) == 17
+
+
+def test_a_request_on_another_thread_waits_for_the_chunk_in_flight_only(checkpoint, tmp_path, spans):
+    c, svc = loaded(checkpoint, tmp_path, None, spans)  # the real clock
+    svc.feed_prompt("s", ids(120 * GRID))
+    reader = threading.Thread(target=svc.idle_step)
+    reader.start()
+    while not spans.chunks():
+        time.sleep(0.001)
+    arrived = time.time_ns()
+    svc.arrived("r1")
+    assert c.activity().out_of_the_way(timeout=10)  # the barrier a request passes before its prefill
+    through = time.time_ns()
+    reader.join(10)
+    chunks = spans.chunks("idle")
+    after = [s for s in chunks if s.start_time > arrived]
+    assert len(after) <= 1, "a chunk started after the request came, besides the one already deciding"
+    assert all(s.end_time <= through for s in chunks)  # the barrier let it pass only once reading stopped
+    assert len(chunks) < 120
+
+
+def test_the_idle_window_reads_at_most_its_length(checkpoint, tmp_path, clock, spans):
+    _, svc = loaded(checkpoint, tmp_path, clock, spans, idle_window_s=0.03)
+    svc.feed_prompt("s", ids(60 * GRID))
+    for _ in range(3):
+        read = svc.idle_step()
+        assert read
+        longest = max(ch.cost_s for ch in read)
+        assert sum(ch.cost_s for ch in read) <= 0.03 + longest
+    assert sum(ch.attributes["shadow.chunk.rows"] for ch in spans.chunks("idle")) == \
+        svc.status()["sessions"]["s"]["committed"]
+
+
+def test_the_idle_window_stays_shut_while_busy(checkpoint, tmp_path, clock):
+    c, svc = loaded(checkpoint, tmp_path, clock, None, idle_poll_s=0.01)
+    a = c.activity()
+    svc.feed_prompt("s", ids(10 * GRID))
+    with svc.hold():
+        assert svc.idle_step() == []
+    assert a.box_lock.acquire(blocking=False)
+    assert svc.idle_step() == []  # the box lock is taken without waiting, or not at all
+    a.box_lock.release()
+    a.engine_lock.acquire(0)
+    assert svc.idle_step() == []  # behind the engine lock's holder, for lock_wait_s at most
+    a.engine_lock.release()
+    svc.started("r", "s", ids(10 * GRID))
+    assert svc.idle_step() == []  # a request runs
+    svc.finished("r")
+    assert len(svc.idle_step()) == 10
+
+
+# ---- the ration ------------------------------------------------------------------------------------
+
+def test_the_ration_spends_at_most_its_share_in_slices_prompt_then_output(checkpoint, tmp_path, clock, spans):
+    c, svc = loaded(checkpoint, tmp_path, clock, spans)
+    svc.feed_prompt("other", ids(6 * GRID, 7))  # another session's backlog: not this turn's to read
+    prompt = ids(30 * GRID + 20, 1)
+    svc.started("r1", "s", prompt)
+    clock.advance(17.0)  # a long prefill earns nothing
+    assert svc.round_ended("r1", ids(8, 2)).chunks == 0  # the first token came with this round
+    first = c.activity().turn("r1").first_token_s
+    out = ids(8 * 200, 3)
+    for k in range(200):
+        clock.advance(0.05)
+        r = svc.round_ended("r1", out[8 * k: 8 * k + 8])
+        turn = c.activity().turn("r1")
+        read = spans.chunks("ration")
+        longest = max((s.attributes["shadow.chunk.device_ms"] for s in read), default=0.0) / 1e3
+        assert turn.spent_s <= 0.02 * (clock() - first) + longest + 1e-9
+        assert r.spent_ms <= 150.0 + longest * 1e3
+    read = spans.chunks("ration")
+    assert len(read) > 31  # the whole prompt, then output
+    assert {s.attributes["gen_ai.conversation.id"] for s in read} == {"s"}
+    assert svc.status()["sessions"]["other"]["committed"] == 0
+    rows = [s.attributes["shadow.chunk.first_row"] for s in read]
+    assert rows == sorted(rows) and rows[0] == 0
+    parts = [s.attributes["shadow.chunk.part"] for s in read]
+    order = {"prompt": 0, "prompt+output": 1, "output": 2}
+    assert [order[p] for p in parts] == sorted(order[p] for p in parts) and parts[0] == "prompt"
+    spent_in_spans = sum(s.attributes["shadow.chunk.device_ms"] for s in read) / 1e3
+    assert spent_in_spans == pytest.approx(c.activity().turn("r1").spent_s)
+    for sl in spans.all("shadow.ration"):
+        assert sl.attributes["shadow.ration.budget_ms"] <= 150.0 + 1e-9
+
+
+def test_a_slice_is_at_most_150_ms_and_starts_whole_chunks_on_the_estimate(checkpoint, tmp_path, clock, spans):
+    _, svc = loaded(checkpoint, tmp_path, clock, spans)
+    svc.started("r1", "s", ids(400 * GRID, 4))
+    svc.first_token("r1")
+    clock.advance(100.0)  # 2 s earned: the slice caps it
+    r = svc.round_ended("r1", [])
+    [sl] = spans.all("shadow.ration")
+    assert sl.attributes["shadow.ration.budget_ms"] == pytest.approx(150.0) == r.budget_ms
+    read = spans.chunks("ration")
+    assert len(read) == r.chunks > 1
+    spent = 0.0
+    for s in read:  # each chunk started only if the spent time plus its estimate (the last cost) fit
+        est = s.attributes["shadow.chunk.estimate_ms"]
+        assert est < 0 or spent + est <= 150.0 + 1e-9
+        spent += s.attributes["shadow.chunk.device_ms"]
+    assert sl.attributes["shadow.ration.spent_ms"] == pytest.approx(spent) == pytest.approx(r.spent_ms)
+    worst_miss = max(max(0.0, s.attributes["shadow.chunk.device_ms"] - s.attributes["shadow.chunk.estimate_ms"])
+                     for s in read if s.attributes["shadow.chunk.estimate_ms"] >= 0)
+    assert spent <= 150.0 + worst_miss
+
+
+def test_the_device_is_synchronised_before_the_first_chunk_of_a_slice(checkpoint, tmp_path, clock, spans):
+    c, svc = loaded(checkpoint, tmp_path, clock, spans)
+    events: list[str] = []
+    ration = RationedScheduler(c.slot(), SpanTelemetry(spans.provider), clock, sync=lambda: events.append("sync"))
+    original = ration.telemetry.chunk
+
+    def chunk(*args: Any, **kw: Any) -> None:
+        events.append("chunk")
+        original(*args, **kw)
+
+    ration.telemetry.chunk = chunk  # type: ignore[method-assign]
+    svc.feed_prompt("s", ids(10 * GRID, 5))
+    turn = c.activity().started("r", "s", 10 * GRID)
+    assert ration.step(turn) == [] and events == []  # before the first token: nothing, not even a sync
+    c.activity().first_token("r")
+    clock.advance(5.0)
+    assert ration.step(turn)
+    assert events[0] == "sync" and events.count("sync") == 1 and events.count("chunk") >= 1
+
+
+def test_a_host_shares_its_own_locks(checkpoint, tmp_path, clock):
+    engine, box = RankedLock(), threading.Lock()
+    c = make_container(make_settings(checkpoint, tmp_path, idle_poll_s=0.01), clock)
+    c.activity.override(providers.Object(HostActivity(clock=clock, engine_lock=engine, box_lock=box)))
+    svc = c.service()
+    svc.idle_step()
+    svc.feed_prompt("s", ids(3 * GRID))
+    with box:  # the host loads a model: the idle window does not wait for the box
+        assert svc.idle_step() == []
+    with engine.held(0):  # the engine holds its lock around a prefill, and says so
+        svc.started("r", "s", ids(4 * GRID), barrier=False)
+        assert svc.idle_step() == []
+    svc.finished("r")
+    assert len(svc.idle_step()) == 4
