@@ -119,10 +119,9 @@ def _idle(slot: Any, activity: Any, telemetry: Any, clock: Callable[[], float], 
 
 
 def _ration(slot: Any, telemetry: Any, clock: Callable[[], float], settings: ShadowSettings) -> Any:
-    from shadow.backends.schedulers import RationedScheduler, device_sync
+    from shadow.backends.schedulers import RationedScheduler
 
-    return RationedScheduler(slot, telemetry, clock, share=settings.ration, slice_s=settings.slice_ms / 1e3,
-                             sync=device_sync(settings.device))
+    return RationedScheduler(slot, telemetry, clock, share=settings.ration, slice_s=settings.slice_ms / 1e3)
 
 
 def _activity(clock: Callable[[], float]) -> Any:

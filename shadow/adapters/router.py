@@ -8,10 +8,10 @@ to the grid), and the idle window then asks it. Each answer is journaled, one JS
 behind the shadow was when the turn began, and the lag from the turn's start to the answer. Nothing of
 the turn changes.
 
-A limit of this first build: the facade asks on top of everything the session holds when asked, so
-once Qwen's output of the turn is fed, the answer has seen it too (``extra_ids`` in the journal says
-how many ids past the insertion point the fork read). Asking exactly at the insertion point needs a
-fork at a position, which the facade does not offer yet.
+The question forks at the insertion point itself (``Shadow.ask(..., at=insertion)``) as long as the
+reader has not committed rows past it; when it has (a long idle window ran on), the fork starts from
+the committed rows and ``extra_ids`` in the journal says how many ids past the insertion point the
+answer has seen (``at_insertion`` is false then).
 """
 
 from __future__ import annotations
@@ -106,8 +106,12 @@ class RouterShadow:
                                                 "gen_ai.conversation.id": q.session,
                                                 "shadow.ask.choices": list(q.choices)}) as span:
             try:
-                held = len(shadow.book(q.session).ids)
-                answer = shadow.ask(q.session, q.question, q.choices)
+                book = shadow.book(q.session)
+                held = len(book.ids)
+                # Exactly at the insertion point while the reader has not passed it; past it, the
+                # fork can only start from the committed rows (extra_ids says how far past).
+                at = q.insertion if book.committed <= q.insertion <= held else None
+                answer = shadow.ask(q.session, q.question, q.choices, at=at)
             except ShadowError as err:
                 self.failed += 1
                 record["error"] = str(err)
@@ -119,7 +123,8 @@ class RouterShadow:
                     self.compared += 1
                     self.agreed += int(agree)
                 record.update(label=answer.label, probability=answer.probs[answer.label], probs=answer.probs,
-                              agree=agree, behind=answer.behind, extra_ids=held - q.insertion,
+                              agree=agree, behind=answer.behind, at_insertion=at is not None,
+                              extra_ids=0 if at is not None else held - q.insertion,
                               lag_s=self.clock() - q.asked_at, latency_ms=answer.lag_ms)
                 span.set("shadow.ask.label", answer.label)
                 span.set("shadow.ask.probability", float(answer.probs[answer.label]))

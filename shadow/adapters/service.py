@@ -147,7 +147,7 @@ class ShadowService:
     def _replay(self, shadow: Shadow) -> None:
         """On load (in the idle window): warm the reader with one fresh chunk, so the first chunk a
         ration reads is not a cold one, then replay the feeds kept meanwhile."""
-        shadow.fresh_state([0] * shadow.grid)
+        shadow.warm_up()
         with self._mu:
             for name, q in self._queued.items():
                 try:

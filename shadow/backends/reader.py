@@ -87,13 +87,19 @@ class TorchReader:
 
     # ---- forks ---------------------------------------------------------------------------
 
-    def fork_logits(self, book: SessionBook, tensors: SessionTensors, extra: list[int]) -> torch.Tensor:
-        """fp32 logits after the pending tail and ``extra``, leaving the committed state as it was."""
+    def sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+    def fork_logits(self, book: SessionBook, tensors: SessionTensors, extra: list[int],
+                    upto: int | None = None) -> torch.Tensor:
+        """fp32 logits after the pending tail (up to ``upto``) and ``extra``, leaving the committed
+        state as it was."""
         state = tensors.state
         committed = state.length
         saved = state.save_recurrent()
         try:
-            ids = torch.tensor(book.ids[committed:] + extra, dtype=torch.long)
+            ids = torch.tensor(book.ids[committed:upto] + extra, dtype=torch.long)
             out = self.model.forward(ids, state, logits_at=[-1])
             assert out is not None
             return out[0]

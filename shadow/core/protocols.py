@@ -3,10 +3,17 @@ and ``shadow.adapters``; ``shadow.container`` picks them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from .session import SessionBook
+
+if TYPE_CHECKING:
+    from .host import TurnTimeline
+    from .shadow import ChunkRead
+
+Window = Literal["idle", "ration"]
 
 
 class Reader(Protocol):
@@ -25,7 +32,9 @@ class Reader(Protocol):
 
     def roll_back(self, tensors: Any, resume_at: int) -> None: ...
 
-    def fork_logits(self, book: SessionBook, tensors: Any, extra: list[int]) -> Any: ...
+    def fork_logits(self, book: SessionBook, tensors: Any, extra: list[int], upto: int | None = None) -> Any: ...
+
+    def sync(self) -> None: ...
 
     def fork_decode(self, book: SessionBook, tensors: Any, prompt: list[int], max_new: int,
                     stop: set[int]) -> list[int]: ...
@@ -63,3 +72,26 @@ class StateStore(Protocol):
     def names(self) -> list[str]: ...
 
     def info(self, name: str) -> dict[str, Any] | None: ...
+
+
+class Scheduler(Protocol):
+    """Grants the reader a window and reads in it. ``step`` is one grant: it reads what the window
+    allows now (possibly nothing) and returns the chunks read; it never sleeps."""
+
+    window: Window
+
+    def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]: ...
+
+
+class Span(Protocol):
+    def set(self, key: str, value: Any) -> None: ...
+
+
+class Telemetry(Protocol):
+    """What the schedulers and the service report. Attributes come from what was measured anyway:
+    nothing here may cost a device sync."""
+
+    def span(self, name: str, attributes: Mapping[str, Any]) -> AbstractContextManager[Span]: ...
+
+    def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
+              attributes: Mapping[str, Any] | None = None) -> None: ...

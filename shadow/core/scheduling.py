@@ -19,43 +19,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from .host import TurnTimeline
+from .protocols import Scheduler, Span, Telemetry, Window
 from .shadow import ChunkRead
 
-Window = Literal["idle", "ration"]
+__all__ = ["Scheduler", "Span", "Telemetry", "Window"]  # the seams, defined with the others in protocols
+
 Clock = Callable[[], float]
 
 SHARE = 0.02
 SLICE_S = 0.150
 IDLE_POLL_S = 0.2
 IDLE_WINDOW_S = 2.0
-
-
-class Scheduler(Protocol):
-    """Grants the reader a window and reads in it. ``step`` is one grant: it reads what the window
-    allows now (possibly nothing) and returns the chunks read; it never sleeps."""
-
-    window: Window
-
-    def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]: ...
-
-
-class Span(Protocol):
-    def set(self, key: str, value: Any) -> None: ...
-
-
-class Telemetry(Protocol):
-    """What the schedulers and the service report. Attributes come from what was measured anyway:
-    nothing here may cost a device sync."""
-
-    def span(self, name: str, attributes: Mapping[str, Any]) -> AbstractContextManager[Span]: ...
-
-    def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
-              attributes: Mapping[str, Any] | None = None) -> None: ...
 
 
 class _NullSpan:

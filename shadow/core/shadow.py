@@ -218,6 +218,21 @@ class Shadow:
             info = (self.disk.info(session) if self.disk else None) or {}
             return int(info.get("n_ids", 0)) - int(info.get("committed", 0))
 
+    def backlogs(self) -> dict[str, int]:
+        """Ids not yet committed, per session (resident or parked): what schedulers poll."""
+        with self._lock:
+            return {name: self.backlog(name) for name in self._known}
+
+    def sync(self) -> None:
+        """Wait for the reader's queued device work (a no-op on the CPU)."""
+        self.reader.sync()
+
+    def warm_up(self) -> None:
+        """One chunk through the model outside any session: kernels compiled and planned before a
+        request waits on them."""
+        with self._lock:
+            self.reader.fresh([0] * self.grid)
+
     def read(self, session: str | None = None, budget_s: float | None = None,
              max_chunks: int | None = None) -> list[ChunkRead]:
         """Read whole chunks now: of ``session``, or of every session with a whole chunk pending,
@@ -277,16 +292,24 @@ class Shadow:
             raise BadInput("empty question")
         return ids
 
-    def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
-        """The small model's choice among ``choices`` after the whole session and the question."""
+    def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str],
+            at: int | None = None) -> Answer:
+        """The small model's choice among ``choices`` after the session and the question.
+
+        ``at``: ask as if the session ended at that position (the router's insertion point). It
+        must be at or above the committed length: rows below are read already and cannot be
+        unread, so a caller that wants a position asks before the reader passes it."""
         t0 = time.perf_counter()
         with self._lock:
             self._entry(session)
             tokens = self._choice_tokens(choices)
             q = self._question(question)
             with self._using(session) as (book, tensors):
-                behind = book.pending
-                logits = self.reader.fork_logits(book, tensors, q)
+                if at is not None and not book.committed <= at <= len(book.ids):
+                    raise BadInput(f"cannot ask at {at}: the session has {len(book.ids)} ids and "
+                                   f"{book.committed} are read already")
+                behind = (len(book.ids) if at is None else at) - book.committed
+                logits = self.reader.fork_logits(book, tensors, q, upto=at)
                 probs = self.reader.probabilities(logits, tokens)
         best = max(range(len(choices)), key=lambda i: probs[i])
         return Answer(choices[best], dict(zip(choices, probs, strict=True)), behind,
@@ -318,6 +341,17 @@ class Shadow:
                 with self._using(session) as (book, _):
                     return book
             return entry.book
+
+    def forget(self, session: str) -> None:
+        """Drop everything of ``session``: its resident state, its parked file, its bookkeeping."""
+        with self._lock:
+            self._entry(session)
+            if session in self._in_use:
+                raise BadInput(f"session {session!r} is in use")
+            self.memory.remove(session)
+            if self.disk is not None:
+                self.disk.remove(session)
+            del self._known[session]
 
     def sessions(self) -> list[str]:
         with self._lock:

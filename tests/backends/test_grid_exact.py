@@ -195,3 +195,33 @@ def test_bad_input_is_refused_and_changes_nothing(checkpoints, call, error, mess
     after = sh.export_state("s")
     assert book_view() == book_before
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_ask_at_a_position_equals_asking_a_session_that_ends_there(checkpoints):
+    sh = _shadow(checkpoints, "float32", 64)
+    rng = random.Random(8)
+    prompt = [rng.randrange(VOCAB) for _ in range(200)]
+    later = [rng.randrange(VOCAB) for _ in range(50)]
+    sh.feed_prompt("a", prompt + later)
+    sh.read()  # committed 192 <= 200
+    at = sh.ask("a", [1, 2, 3], ["A", "B"], at=200)
+    sh.feed_prompt("b", prompt)
+    sh.read()
+    plain = sh.ask("b", [1, 2, 3], ["A", "B"])
+    assert at.probs == plain.probs and at.behind == plain.behind == 8
+    with pytest.raises(BadInput, match="cannot ask at 100"):
+        sh.ask("a", [1], ["A"], at=100)  # rows up to 192 are read already
+
+
+def test_backlogs_forget_and_warm_up(checkpoints):
+    sh = _shadow(checkpoints, "float32", 64)
+    sh.warm_up()
+    sh.feed_prompt("a", list(range(1000, 1100)))
+    sh.feed_prompt("b", list(range(1000, 1030)))
+    assert sh.backlogs() == {"a": 100, "b": 30}
+    sh.read()
+    assert sh.backlogs() == {"a": 36, "b": 30}
+    sh.forget("a")
+    assert sh.sessions() == ["b"] and "a" not in sh.status()["sessions"]
+    with pytest.raises(UnknownSession):
+        sh.ask("a", [1], ["A"])

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from .common import device_sync
 from .idle import IdleScheduler
 from .rationed import RationedScheduler
 
-__all__ = ["IdleScheduler", "RationedScheduler", "device_sync"]
+__all__ = ["IdleScheduler", "RationedScheduler"]

@@ -30,13 +30,13 @@ class RationedScheduler:
     window: Window = "ration"
 
     def __init__(self, slot: Slot, telemetry: Telemetry | None = None, clock: Clock = time.monotonic,
-                 share: float = SHARE, slice_s: float = SLICE_S, sync: Callable[[], None] = lambda: None) -> None:
+                 share: float = SHARE, slice_s: float = SLICE_S, sync: Callable[[], None] | None = None) -> None:
         self.slot = slot
         self.telemetry = telemetry or NullTelemetry()
         self.clock = clock
         self.share = share
         self.slice_s = slice_s
-        self.sync = sync
+        self.sync = sync  # None: the facade's own (its reader's device)
         self.last_cost_s: float | None = None  # the last chunk's measured cost, any session
         self._cost: dict[str, float] = {}  # the last chunk's cost per session (a chunk's cost grows with depth)
 
@@ -55,7 +55,7 @@ class RationedScheduler:
             return []
         if backlogs(shadow).get(turn.session, 0) < shadow.grid:
             return []
-        self.sync()
+        (self.sync or shadow.sync)()
         spent = 0.0
         done: list[ChunkRead] = []
         attrs = {"shadow.window": "ration", "gen_ai.conversation.id": turn.session,
