@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,12 +58,43 @@ def test_jsonl_spans_from_settings(tmp_path: Path) -> None:
     assert ration["attributes"]["shadow.ration.spent_ms"] == 37.5
 
 
-def test_otlp_exporter_from_settings() -> None:
-    pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
-    s = ShadowSettings(_env_file=None, trace="otlp", otlp_endpoint="http://127.0.0.1:9/v1/traces")
-    [exporter] = exporters(s)
-    assert type(exporter).__name__ == "OTLPSpanExporter"
-    exporter.shutdown()
+def test_otlp_exporter_sends_spans_to_a_collector() -> None:
+    """A real OTLP/HTTP exchange with a receiver on loopback standing in for the collector."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    received: list[tuple[str, str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received.append((self.path, self.headers.get("Content-Type", ""), body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+        s = ShadowSettings(_env_file=None, trace="otlp", otlp_endpoint=endpoint)
+        [exporter] = exporters(s)
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        with provider.get_tracer("test").start_as_current_span("shadow.chunk") as span:
+            span.set_attribute("shadow.chunk.rows", 512)
+        provider.shutdown()
+    finally:
+        server.shutdown()
+    [(path, content_type, body)] = received
+    assert path == "/v1/traces" and content_type == "application/x-protobuf"
+    assert b"shadow.chunk" in body and b"shadow.chunk.rows" in body
 
 
 def free_port() -> int:
