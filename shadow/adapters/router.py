@@ -75,11 +75,8 @@ class RouterShadow:
         with self._mu:
             self._waiting.append(q)
 
-    def _committed(self, shadow: Shadow) -> dict[str, int]:
-        return {n: int(s.get("committed", 0)) for n, s in shadow.status()["sessions"].items()}
-
     def _ready(self, shadow: Shadow) -> list[RouterQuestion]:
-        committed = self._committed(shadow)
+        committed = shadow.committed_rows()
         grid = shadow.grid
         with self._mu:
             return [q for q in self._waiting

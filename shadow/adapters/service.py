@@ -195,7 +195,7 @@ class ShadowService:
                 q = self._queued.get(session)
             n = len(q.prompt) + len(q.outputs) if q else 0
             return FeedResult(session, True, queued=True, ids=n, backlog=n, **kw)
-        s = shadow.status()["sessions"].get(session, {})
+        s = shadow.session_status(session) or {}
         return FeedResult(session, True, ids=int(s.get("ids", 0)), committed=int(s.get("committed", 0)),
                           backlog=int(s.get("backlog", 0)), **kw)
 
@@ -220,11 +220,11 @@ class ShadowService:
                     if session in self._queued else None
                 self._queued[session] = _Queued(prompt)
                 return self._result(None, session, behind_at_start=behind)
-        before = shadow.status()["sessions"].get(session)
+        before = shadow.session_status(session)
         rollbacks = int(before.get("rollbacks", 0)) if before else 0
         shadow.feed_prompt(session, prompt)
         out = self._result(shadow, session, behind_at_start=int(before["backlog"]) if before else None)
-        after = shadow.status()["sessions"].get(session, {})
+        after = shadow.session_status(session) or {}
         out.rollback = int(after.get("rollbacks", 0)) > rollbacks
         return out
 
@@ -298,7 +298,7 @@ class ShadowService:
         backlog = 0
         shadow = self._live
         if shadow is not None:
-            backlog = int(shadow.status()["sessions"].get(session, {}).get("backlog", 0))
+            backlog = int((shadow.session_status(session) or {}).get("backlog", 0))
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, budget * 1e3,
                            turn.spent_s * 1e3, backlog)
 

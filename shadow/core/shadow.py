@@ -210,18 +210,30 @@ class Shadow:
 
     # ---- reading -------------------------------------------------------------------------
 
+    def _position(self, name: str) -> tuple[int, int]:
+        """(committed, ids held) of a known session, without bringing it back to the device."""
+        entry = self._known[name]
+        if entry.book is not None:
+            return entry.book.committed, len(entry.book.ids)
+        info = (self.disk.info(name) if self.disk else None) or {}
+        return int(info.get("committed", 0)), int(info.get("n_ids", 0))
+
     def backlog(self, session: str) -> int:
         with self._lock:
-            entry = self._entry(session)
-            if entry.book is not None:
-                return entry.book.pending
-            info = (self.disk.info(session) if self.disk else None) or {}
-            return int(info.get("n_ids", 0)) - int(info.get("committed", 0))
+            self._entry(session)
+            committed, held = self._position(session)
+            return held - committed
 
     def backlogs(self) -> dict[str, int]:
         """Ids not yet committed, per session (resident or parked): what schedulers poll."""
         with self._lock:
-            return {name: self.backlog(name) for name in self._known}
+            return {name: held - committed for name, (committed, held) in
+                    ((n, self._position(n)) for n in self._known)}
+
+    def committed_rows(self) -> dict[str, int]:
+        """Rows read, per session (resident or parked)."""
+        with self._lock:
+            return {name: self._position(name)[0] for name in self._known}
 
     def sync(self) -> None:
         """Wait for the reader's queued device work (a no-op on the CPU)."""
@@ -245,8 +257,8 @@ class Shadow:
                 self._entry(session)
                 names = [session]
             else:
-                names = sorted((n for n in self._known if self.backlog(n) >= self.grid),
-                               key=lambda n: (self._known[n].where != "resident", -self.backlog(n)))
+                pending = {n: b for n, b in self.backlogs().items() if b >= self.grid}
+                names = sorted(pending, key=lambda n: (self._known[n].where != "resident", -pending[n]))
             for name in names:
                 entry = self._known[name]
                 if self.backlog(name) < self.grid:
@@ -357,26 +369,32 @@ class Shadow:
         with self._lock:
             return list(self._known)
 
+    def session_status(self, session: str) -> dict[str, Any] | None:
+        """One session's line of ``status()``; None for a session never fed. Cheap enough to ask
+        on every decode round: it touches only that session."""
+        with self._lock:
+            e = self._known.get(session)
+            if e is None:
+                return None
+            parked = (self.disk.info(session) if self.disk is not None else None) or {}
+            resident = self.memory.info(session) or {}
+            src: dict[str, Any] = e.book.meta() if e.book is not None else parked
+            return {
+                "where": e.where,
+                "ids": src.get("n_ids", 0),
+                "committed": src.get("committed", 0),
+                "backlog": src.get("n_ids", 0) - src.get("committed", 0),
+                "turns": src.get("turns", 0),
+                "checkpoints": list(src.get("checkpoints", [])),
+                "rollbacks": src.get("rollbacks", 0),
+                "reread": src.get("reread", 0),
+                "bytes_resident": resident.get("bytes", 0),
+                "bytes_on_disk": parked.get("bytes", 0) if e.where == "parked" else 0,
+                "last_used": src.get("last_used", 0.0),
+            }
+
     def status(self) -> dict[str, Any]:
         with self._lock:
-            out: dict[str, Any] = {}
-            for name, e in self._known.items():
-                parked = (self.disk.info(name) if self.disk is not None else None) or {}
-                resident = self.memory.info(name) or {}
-                src: dict[str, Any] = e.book.meta() if e.book is not None else parked
-                out[name] = {
-                    "where": e.where,
-                    "ids": src.get("n_ids", 0),
-                    "committed": src.get("committed", 0),
-                    "backlog": src.get("n_ids", 0) - src.get("committed", 0),
-                    "turns": src.get("turns", 0),
-                    "checkpoints": list(src.get("checkpoints", [])),
-                    "rollbacks": src.get("rollbacks", 0),
-                    "reread": src.get("reread", 0),
-                    "bytes_resident": resident.get("bytes", 0),
-                    "bytes_on_disk": parked.get("bytes", 0) if e.where == "parked" else 0,
-                    "last_used": src.get("last_used", 0.0),
-                }
             return {
                 "grid": self.grid,
                 "resident_bytes": self.resident_bytes(),
@@ -384,7 +402,7 @@ class Shadow:
                 "disk": self.disk is not None,
                 "park_failures": self.park_failures,
                 "last_store_error": self.last_store_error,
-                "sessions": out,
+                "sessions": {name: self.session_status(name) for name in self._known},
             }
 
     def close(self) -> None:

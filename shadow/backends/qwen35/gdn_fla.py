@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any
 
 import torch
 
@@ -51,13 +50,9 @@ def gated_delta_rule(
     """Same contract as ``gdn.gated_delta_rule`` (one sequence, no batch axis)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    kwargs: dict[str, Any] = dict(
-        initial_state=state[None].float().contiguous(),
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-    )
     o, s = chunk_gated_delta_rule(
         q[None].contiguous(), k[None].contiguous(), v[None].contiguous(),
-        g[None].float().contiguous(), beta[None].contiguous(), **kwargs,
+        g[None].float().contiguous(), beta[None].contiguous(),
+        initial_state=state[None].float().contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
     )
     return o[0], s[0]
