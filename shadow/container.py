@@ -36,10 +36,10 @@ def _model(settings: ShadowSettings) -> Any:
     return Qwen35.from_pretrained(settings.model, device=device, dtype=settings.dtype)
 
 
-def _reader(model: Any, grid: int) -> Any:
+def _reader(model: Any, grid: int, fast: str) -> Any:
     from shadow.backends.reader import TorchReader
 
-    return TorchReader(model, grid)
+    return TorchReader(model, grid, fast=fast == "on" or (fast == "auto" and model.device.type == "cuda"))
 
 
 DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"
@@ -140,7 +140,7 @@ def _service(settings: ShadowSettings, slot: Any, activity: Any, profiles: Any, 
 class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=ShadowSettings)
     model = providers.Singleton(_model, settings)
-    reader = providers.Singleton(_reader, model, settings.provided.grid)
+    reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast)
     prompter = providers.Singleton(_prompter)
     memory = providers.Singleton(_memory)
     disk = providers.Singleton(_disk, settings, reader)

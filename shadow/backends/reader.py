@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from shadow.core.session import SessionBook
 
 from .qwen35 import ModelState, Qwen35
+
+if TYPE_CHECKING:
+    from .qwen35.fast import FastForward
 
 Saved = tuple[list[torch.Tensor], list[torch.Tensor]]
 
@@ -32,11 +36,28 @@ class SessionTensors:
 
 
 class TorchReader:
-    def __init__(self, model: Qwen35, grid: int) -> None:
+    """``fast=True`` reads and forks through ``FastForward`` (fused kernels; CUDA graphs on CUDA),
+    otherwise through the torch forward. Either way a chunk is the same function of the ids below
+    it, so incremental and fresh reads agree bit for bit on one path; the two paths agree with
+    each other within bf16 rounding."""
+
+    def __init__(self, model: Qwen35, grid: int, fast: bool = False) -> None:
         if grid <= 0 or grid % 64:
             raise ValueError(f"grid must be a positive multiple of 64, got {grid}")
         self.model = model
         self.grid = grid
+        self.fast: FastForward | None = None
+        if fast:
+            from .qwen35.fast import FastForward
+
+            self.fast = FastForward(model, grid)
+
+    def warm_up(self) -> float:
+        """Capture the fast path's graphs (seconds taken; 0 when there is nothing to capture)."""
+        return self.fast.warm_up() if self.fast is not None else 0.0
+
+    def fast_report(self) -> dict[str, object] | None:
+        return self.fast.report() if self.fast is not None else None
 
     @property
     def vocab_size(self) -> int:
@@ -55,7 +76,10 @@ class TorchReader:
         assert tensors.state.length == start
         ids = torch.tensor(book.ids[start:start + self.grid], dtype=torch.long)
         t0 = time.perf_counter()
-        self.model.forward(ids, tensors.state)
+        if self.fast is not None:
+            self.fast.read_chunk(ids, tensors.state)
+        else:
+            self.model.forward(ids, tensors.state)
         if tensors.state.device.type == "cuda":
             torch.cuda.synchronize(tensors.state.device)
         cost = time.perf_counter() - t0
@@ -97,6 +121,13 @@ class TorchReader:
         state as it was."""
         state = tensors.state
         committed = state.length
+        if self.fast is not None:
+            fork = self.fast.fork(book.ids[committed:upto] + extra, state)
+            try:
+                assert fork.logits is not None
+                return fork.logits.clone()
+            finally:
+                fork.close()
         saved = state.save_recurrent()
         try:
             ids = torch.tensor(book.ids[committed:upto] + extra, dtype=torch.long)
@@ -112,8 +143,20 @@ class TorchReader:
         """Greedy decoding on top of the session (the narrator's path); the committed state is untouched."""
         state = tensors.state
         committed = state.length
-        saved = state.save_recurrent()
         out: list[int] = []
+        if self.fast is not None:
+            fork = self.fast.fork(book.ids[committed:] + prompt, state)
+            try:
+                while fork.logits is not None and len(out) < max_new:
+                    token = int(fork.logits.argmax())
+                    out.append(token)
+                    if token in stop or len(out) == max_new:
+                        break
+                    fork.extend([token])
+                return out
+            finally:
+                fork.close()
+        saved = state.save_recurrent()
         try:
             logits = self.model.forward(torch.tensor(book.ids[committed:] + prompt, dtype=torch.long), state,
                                         logits_at=[-1])

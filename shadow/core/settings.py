@@ -39,6 +39,9 @@ class ShadowSettings(BaseSettings):
     grid: int = Field(512, description="rows per chunk; state advances only at multiples of it")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="the small model's activations")
+    fast: Literal["auto", "on", "off"] = Field(
+        "auto", description="the fast path (fused kernels, CUDA graphs): auto = on when the device is CUDA; "
+                            "off = the torch forward; on = also on the CPU (Triton's interpreter, for tests)")
     gb: float = Field(4.0, description="cap on resident session state, GiB")
     disk: str = Field("auto", description="folder for parked sessions; auto: ~/.qwen38-spark-engine/cache/shadow")
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")

@@ -243,6 +243,7 @@ class Shadow:
         """One chunk through the model outside any session: kernels compiled and planned before a
         request waits on them."""
         with self._lock:
+            self.reader.warm_up()
             self.reader.fresh([0] * self.grid)
 
     def read(self, session: str | None = None, budget_s: float | None = None,

@@ -57,3 +57,94 @@ def test_replay_on_cuda_equals_fresh_prefill(tmp_path):
     assert sh.book("s").rollbacks == 1
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+def _session_ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(248000) for _ in range(n)]
+
+
+def test_fast_graphs_replay_the_eager_kernels_bit_for_bit(tmp_path):
+    """The captured pieces give the bits of the same pieces run eagerly, chunk after chunk."""
+    from shadow.backends.qwen35 import Qwen35
+    from shadow.backends.qwen35.fast import FastForward
+
+    ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
+    ids = torch.tensor(_session_ids(3 * 512, 1))
+    states = []
+    for graphs in (False, True):
+        model = Qwen35.from_pretrained(ckpt, device="cuda", dtype=torch.bfloat16)
+        fast = FastForward(model, 512, graphs=graphs)
+        fast.warm_up()
+        st = model.new_state()
+        for c in range(3):
+            fast.read_chunk(ids[c * 512:(c + 1) * 512], st)
+        states.append(st)
+    eager, captured = states
+    for a, b in zip(eager.k + eager.v + eager.conv + eager.recurrent,
+                    captured.k + captured.v + captured.conv + captured.recurrent, strict=True):
+        assert torch.equal(a[:1536] if a.dim() == 3 and a.shape[0] >= 1536 else a,
+                           b[:1536] if b.dim() == 3 and b.shape[0] >= 1536 else b)
+
+
+def test_fast_path_agrees_with_the_torch_forward(tmp_path):
+    """Fast and torch forwards on the same weights: the same function within bf16 rounding."""
+    ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
+    ids = _session_ids(2 * 512 + 100, 2)
+    out = {}
+    for fast in ("off", "auto"):
+        sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device="cuda", dtype="bfloat16",
+                                         grid=512, disk="off", fast=fast))
+        sh.warm_up()
+        sh.feed_prompt("s", ids)
+        sh.read()
+        out[fast] = (sh.export_state("s"), sh.ask("s", ids[:40], ["A", "B"]).probs)
+    (ref, p_ref), (got, p_got) = out["off"], out["auto"]
+    for name in ref:
+        err = (got[name].float() - ref[name].float()).norm() / ref[name].float().norm()
+        assert err < 2e-2, f"{name}: relative error {err:.2e}"
+    assert abs(p_ref["A"] - p_got["A"]) < 2e-2
+
+
+def test_fast_path_real_session_equals_fresh_prefill_in_another_process(tmp_path):
+    """The shipped OpenHands session fed turn by turn on the fast path equals a fresh prefill, here
+    and in a fresh process (compared by digest)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from shadow.adapters.replay import verify
+    from shadow.adapters.transcripts import demo_transcript
+    from shadow.adapters.transcripts.render import render_turns
+
+    ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
+    turns = render_turns(demo_transcript())
+    sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device="cuda", dtype="bfloat16",
+                                     grid=512, disk="off"))
+    sh.warm_up()
+    report = verify(sh, "s", turns)
+    assert report.equal, (report.worst_tensor, report.largest_difference)
+    ids = sh.book("s").ids
+    got = sh.export_state("s")
+
+    def digest(state) -> str:
+        h = hashlib.sha256()
+        for name in sorted(state):
+            h.update(state[name].contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text(" ".join(map(str, ids)))
+    child = (
+        "import sys, hashlib, torch\n"
+        "from shadow import ShadowSettings, build_shadow\n"
+        f"sh = build_shadow(ShadowSettings(_env_file=None, model={str(ckpt)!r}, device='cuda', dtype='bfloat16',"
+        " grid=512, disk='off'))\n"
+        "sh.warm_up()\n"
+        f"st = sh.fresh_state([int(x) for x in open({str(ids_file)!r}).read().split()])\n"
+        "h = hashlib.sha256()\n"
+        "for name in sorted(st): h.update(st[name].contiguous().view(torch.uint8).numpy().tobytes())\n"
+        "print(h.hexdigest())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == digest(got)

@@ -56,3 +56,18 @@ def gated_delta_rule(
         initial_state=state[None].float().contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
     )
     return o[0], s[0]
+
+
+def recurrent_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule token by token in one kernel (fla's fused recurrent form): for the few rows of a
+    decode step, where the chunked form's launches cost more than its work. Same contract."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    o, s = fused_recurrent_gated_delta_rule(
+        q[None], k[None], v[None], g[None], beta=beta[None], initial_state=state[None],
+        output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )
+    return o[0], s[0]

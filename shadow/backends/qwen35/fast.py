@@ -1,0 +1,412 @@
+"""The fast forward: merged projections, fused kernels and piecewise CUDA graphs.
+
+Why piecewise graphs around attention (and not one graph per chunk): a chunk's shape never
+changes (``grid`` rows), but its depth and its session do. Everything except attention depends on
+the chunk alone, so it is captured once per row count and replayed for every session at every
+depth. Attention runs eagerly between the pieces, over the session's own KV rows, which can
+therefore grow in 8,192-row steps as before: no per-session reservation of a maximum length, no
+paging, and the attention kernel sees the same shapes as in the torch forward (a split-KV kernel
+that sized its splits from the buffer's capacity would change bits as the buffer grew; a slice
+of the used rows cannot). The engines do the same (vLLM's piecewise graphs).
+
+Per-session state that the graphs touch lives in static buffers shared by every session: the
+conv and recurrent state are copied in before a forward and, for a chunk that commits, copied
+out after it (about 19 MB each way at 0.8B). KV rows are written by the eager step between the
+pieces, straight into the session's own buffers. A fork (question, decode) copies in and never
+out, so the committed state is untouched by construction.
+
+Row counts: a chunk uses ``grid`` rows; a fork runs whole ``grid`` passes and then one padded
+pass of the smallest captured size that holds the rest. Padding rows come after the real ones:
+attention is causal, and the gate kernel gives them no decay and no write (``valid``), so they
+change neither the real rows' outputs nor the state the next step continues.
+
+Exactness: a chunk at any depth runs the same captured kernels with the same fixed
+configurations, so reading a session over many turns gives the bits of a fresh prefill on the
+same grid, on this path, in any process. Against the torch forward the fast path agrees within
+bf16 rounding (its kernels round once where the torch forward rounds at every op).
+
+Without CUDA (the tests) the same pieces run eagerly, the Triton kernels under Triton's
+interpreter, and GDN through the torch form.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from . import kernels
+from .gdn import gated_delta_rule_chunked
+from .model import Qwen35, _Full, _Linear
+from .state import ModelState
+
+FORK_SIZES = (1, 8, 32, 64, 128, 256, 384)  # fork pass sizes below the grid; the grid itself is one too
+
+
+@dataclass(frozen=True, slots=True)
+class _GdnW:
+    index: int  # among the GDN layers
+    norm_in: torch.Tensor  # 1 + w, fp32
+    norm_post: torch.Tensor
+    w_in: torch.Tensor  # [qkv | z | b | a]
+    conv: torch.Tensor  # [conv_dim, kernel]
+    neg_a: torch.Tensor
+    dt_bias: torch.Tensor
+    norm: torch.Tensor
+    out: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class _FullW:
+    index: int  # among the full-attention layers
+    norm_in: torch.Tensor
+    norm_post: torch.Tensor
+    w_in: torch.Tensor  # [q|gate per head, k, v]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass(eq=False)
+class _Rows:
+    """One row count's static inputs, the tensors that cross from a piece to the eager attention
+    and back, and (on CUDA) its captured graphs. The attributes a piece sets are the same tensors
+    on every replay."""
+
+    n: int
+    ids: torch.Tensor
+    attn: torch.Tensor  # attention output, written eagerly, read by the next piece
+    h: torch.Tensor | None = None
+    delta: torch.Tensor | None = None
+    proj: torch.Tensor | None = None
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    graphs: list[Any] = field(default_factory=list)  # one per piece, then the logits graph
+
+
+def _one_plus(w: torch.Tensor) -> torch.Tensor:
+    return (1.0 + w.float()).contiguous()
+
+
+class FastForward:
+    """The fast forward of one model. One instance serves every session, one forward at a time."""
+
+    def __init__(self, model: Qwen35, grid: int, graphs: bool | None = None) -> None:
+        if model.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("the fast path off CUDA runs its Triton kernels under Triton's interpreter: "
+                             "set TRITON_INTERPRET=1 before start (slow; meant for tests)")
+        cfg = model.config
+        self.model = model
+        self.cfg = cfg
+        self.grid = grid
+        self.device = model.device
+        self.use_graphs = model.device.type == "cuda" if graphs is None else graphs
+        self.eps = cfg.rms_norm_eps
+        self.layers: list[_GdnW | _FullW] = []
+        gdn_i = full_i = 0
+        for layer in model.layers:
+            common = dict(norm_in=_one_plus(layer.norm_in), norm_post=_one_plus(layer.norm_post),
+                          gate_up=torch.cat((layer.gate, layer.up)).contiguous(), down=layer.down)
+            if isinstance(layer, _Linear):
+                self.layers.append(_GdnW(
+                    index=gdn_i, w_in=torch.cat((layer.qkv, layer.z, layer.b, layer.a)).contiguous(),
+                    conv=layer.conv[:, 0, :].contiguous(), neg_a=layer.neg_a.float().contiguous(),
+                    dt_bias=layer.dt_bias, norm=layer.norm, out=layer.out, **common))
+                gdn_i += 1
+            else:
+                assert isinstance(layer, _Full)
+                self.layers.append(_FullW(
+                    index=full_i, w_in=torch.cat((layer.q, layer.k, layer.v)).contiguous(),
+                    q_norm=_one_plus(layer.q_norm), k_norm=_one_plus(layer.k_norm), o=layer.o, **common))
+                full_i += 1
+        self.final_norm = _one_plus(model.final_norm)
+        self._share_weights()
+        # pieces: layers up to and including the pre-attention part of full layer j
+        self.segments: list[list[_GdnW | _FullW]] = [[]]
+        for lw in self.layers:
+            self.segments[-1].append(lw)
+            if isinstance(lw, _FullW):
+                self.segments.append([])
+        self.n_attn = full_i
+        # A chunk that commits needs no output: when the last layer is full attention, its KV rows
+        # are all the state it leaves, so the read stops before its attention and MLP.
+        self.read_stops_early = isinstance(self.layers[-1], _FullW)
+
+        dev = self.device
+        self.start = torch.zeros(1, dtype=torch.long, device=dev)
+        self.valid = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.conv = [torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim, device=dev, dtype=model.dtype)
+                     for _ in cfg.linear_layers]
+        self.rec = [torch.zeros(cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                                device=dev, dtype=torch.float32) for _ in cfg.linear_layers]
+        self.rows: dict[int, _Rows] = {}
+        self.pool: Any = None
+        self.capture_s = 0.0
+        self._fla: Any = None
+        if dev.type == "cuda":
+            from . import gdn_fla
+
+            if gdn_fla.available():
+                self._fla = gdn_fla
+
+    def _share_weights(self) -> None:
+        """Point the torch forward's weights at slices of the merged ones, so the model holds one
+        copy of each weight whichever path runs (slices of rows stay contiguous)."""
+        cfg, model = self.cfg, self.model
+        c, vd, hv = cfg.conv_dim, cfg.value_dim, cfg.linear_num_value_heads
+        qn = cfg.num_attention_heads * 2 * cfg.head_dim
+        kvn = cfg.num_key_value_heads * cfg.head_dim
+        shared: list[_Linear | _Full] = []
+        for layer, lw in zip(model.layers, self.layers, strict=True):
+            inter = lw.down.shape[1]
+            mlp = dict(gate=lw.gate_up[:inter], up=lw.gate_up[inter:])
+            if isinstance(layer, _Linear):
+                w = lw.w_in
+                shared.append(replace(layer, qkv=w[:c], z=w[c:c + vd], b=w[c + vd:c + vd + hv],
+                                      a=w[c + vd + hv:], **mlp))
+            else:
+                w = lw.w_in
+                shared.append(replace(layer, q=w[:qn], k=w[qn:qn + kvn], v=w[qn + kvn:], **mlp))
+        model.layers = shared
+
+    # ---- sizes ---------------------------------------------------------------------------------
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(s for s in FORK_SIZES if s < self.grid) + (self.grid,)
+
+    def _size_for(self, n: int) -> int:
+        return next(s for s in self.sizes if s >= n)
+
+    def _rows_for(self, n: int) -> _Rows:
+        rows = self.rows.get(n)
+        if rows is None:
+            cfg = self.cfg
+            rows = _Rows(n=n, ids=torch.zeros(n, dtype=torch.long, device=self.device),
+                         attn=torch.zeros(n, cfg.num_attention_heads, cfg.head_dim, device=self.device,
+                                          dtype=self.model.dtype))
+            self.rows[n] = rows
+        return rows
+
+    # ---- the pieces ----------------------------------------------------------------------------
+
+    def _norm(self, r: _Rows, w: torch.Tensor) -> torch.Tensor:
+        """``rmsnorm(h + delta)``, with the pending delta added into the stream in place."""
+        assert r.h is not None
+        x = torch.empty_like(r.h)
+        kernels.rms_norm(r.h, w, self.eps, x, add=r.delta)
+        r.delta = None
+        return x
+
+    def _mlp(self, r: _Rows, lw: _GdnW | _FullW) -> None:
+        x = self._norm(r, lw.norm_post)
+        gu = F.linear(x, lw.gate_up)
+        act = torch.empty(r.n, lw.down.shape[1], device=x.device, dtype=x.dtype)
+        kernels.silu_mul(gu, act)
+        r.delta = F.linear(act, lw.down)
+
+    def _gdn(self, r: _Rows, lw: _GdnW) -> None:
+        cfg, n = self.cfg, r.n
+        x = self._norm(r, lw.norm_in)
+        proj = F.linear(x, lw.w_in)  # [n, conv_dim + value_dim + 2 value heads]
+        kd, vd, hv = cfg.key_dim, cfg.value_dim, cfg.linear_num_value_heads
+        mixed = torch.empty(n * cfg.conv_dim, device=x.device, dtype=x.dtype)
+        kernels.conv_silu(proj, self.conv[lw.index], lw.conv, kd, self.valid, mixed)
+        q = mixed[:n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+        k = mixed[n * kd:2 * n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
+        v = mixed[2 * n * kd:].view(n, hv, cfg.linear_value_head_dim)
+        g = torch.empty(n, hv, device=x.device, dtype=torch.float32)
+        beta = torch.empty(n, hv, device=x.device, dtype=x.dtype)
+        z_off = cfg.conv_dim
+        kernels.gates(proj, z_off + vd, z_off + vd + hv, lw.neg_a, lw.dt_bias, self.valid, g, beta)
+        state = self.rec[lw.index]
+        if self._fla is None:
+            o, new = gated_delta_rule_chunked(q, k, v, g, beta, state)
+        elif n < 16:
+            o, new = self._fla.recurrent_step(q, k, v, g, beta, state)
+        else:
+            o, new = self._fla.gated_delta_rule(q, k, v, g, beta, state)
+        state.copy_(new)
+        y = torch.empty(n, vd, device=x.device, dtype=x.dtype)
+        kernels.gated_norm(o.contiguous(), proj, z_off, lw.norm, self.eps, y)
+        r.delta = F.linear(y, lw.out)
+        self._mlp(r, lw)
+
+    def _piece(self, r: _Rows, j: int) -> None:
+        """Piece ``j``: close full-attention layer ``j-1`` (if any), run the GDN layers up to full layer
+        ``j``, and prepare its q, k, v (if any)."""
+        cfg = self.cfg
+        if j == 0:
+            r.h = F.embedding(r.ids, self.model.embed)
+            r.delta = None
+        else:
+            lw = self.segments[j - 1][-1]
+            assert isinstance(lw, _FullW) and r.proj is not None
+            gated = torch.empty_like(r.attn)
+            kernels.output_gate(r.attn, r.proj, gated)
+            r.delta = F.linear(gated.view(r.n, -1), lw.o)
+            self._mlp(r, lw)
+        for lw in self.segments[j]:
+            if isinstance(lw, _GdnW):
+                self._gdn(r, lw)
+                continue
+            x = self._norm(r, lw.norm_in)
+            r.proj = F.linear(x, lw.w_in)
+            kvh, hd = cfg.num_key_value_heads, cfg.head_dim
+            r.q = torch.empty(r.n, cfg.num_attention_heads, hd, device=x.device, dtype=x.dtype)
+            r.k = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
+            r.v = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
+            kernels.qk_norm_rope(r.proj, lw.q_norm, lw.k_norm, self.model._inv_freq, self.start, self.eps,
+                                 r.q, r.k, r.v)
+
+    def _logits(self, r: _Rows) -> None:
+        assert r.h is not None and r.delta is not None
+        last = (self.valid.long() - 1)
+        h = r.h.index_select(0, last)
+        x = torch.empty_like(h)
+        kernels.rms_norm(h, self.final_norm, self.eps, x, add=r.delta.index_select(0, last))
+        r.logits = F.linear(x, self.model.lm_head).float()[0]
+
+    def _run(self, r: _Rows, j: int) -> None:
+        if r.graphs:
+            r.graphs[j].replay()
+        elif j < len(self.segments):
+            self._piece(r, j)
+        else:
+            self._logits(r)
+
+    def _attend(self, r: _Rows, state: ModelState, i: int, start: int, compute: bool) -> None:
+        """Eager, between two pieces: write the rows' K and V into the session, attend over its rows."""
+        assert r.q is not None and r.k is not None and r.v is not None
+        end = start + r.n
+        state.k[i][start:end].copy_(r.k)
+        state.v[i][start:end].copy_(r.v)
+        if not compute:
+            return
+        keys = state.k[i][:end].permute(1, 0, 2)[None]
+        values = state.v[i][:end].permute(1, 0, 2)[None]
+        if self.model.attention == "lower-right":
+            mask: Any = causal_lower_right(r.n, end)
+        else:
+            mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
+        out = F.scaled_dot_product_attention(r.q.permute(1, 0, 2)[None], keys, values, attn_mask=mask,
+                                             scale=self.cfg.head_dim ** -0.5, enable_gqa=True)
+        r.attn.copy_(out[0].permute(1, 0, 2))
+
+    def _pass(self, ids: torch.Tensor, state: ModelState, real: int, logits: bool) -> torch.Tensor | None:
+        """One forward of ``ids`` (a captured row count, the first ``real`` of them real) at
+        ``state.length``, on the static conv and recurrent buffers. Returns logits of the last real
+        row if asked."""
+        r = self._rows_for(ids.shape[0])
+        start = state.length
+        state.reserve(start + r.n)
+        r.ids.copy_(ids, non_blocking=True)
+        self.start.fill_(start)
+        self.valid.fill_(real)
+        stop_early = not logits and self.read_stops_early
+        for j in range(self.n_attn):
+            self._run(r, j)
+            self._attend(r, state, j, start, compute=not (stop_early and j == self.n_attn - 1))
+        if stop_early:
+            return None
+        self._run(r, self.n_attn)
+        if not logits:
+            return None
+        self._run(r, self.n_attn + 1)
+        assert r.logits is not None
+        return r.logits
+
+    # ---- what the reader calls -------------------------------------------------------------
+
+    def read_chunk(self, ids: torch.Tensor, state: ModelState) -> None:
+        """Commit ``grid`` ids: the state moves on, exactly as a fresh prefill's chunk would."""
+        if ids.shape[0] != self.grid:
+            raise ValueError(f"a chunk is {self.grid} ids, got {ids.shape[0]}")
+        torch._foreach_copy_(self.conv + self.rec, state.conv + state.recurrent)
+        self._pass(ids, state, self.grid, logits=False)
+        torch._foreach_copy_(state.conv + state.recurrent, self.conv + self.rec)
+        state.length += self.grid
+
+    def fork(self, ids: list[int], state: ModelState) -> _Fork:
+        """Start a fork above the committed rows: the state's conv and recurrent tensors are not
+        written; KV rows above ``state.length`` are scratch."""
+        torch._foreach_copy_(self.conv + self.rec, state.conv + state.recurrent)
+        return _Fork(self, state, state.length).extend(ids)
+
+    # ---- capture -------------------------------------------------------------------------------
+
+    def warm_up(self) -> float:
+        """Capture every row count's pieces (CUDA only); returns the seconds it took."""
+        if not self.use_graphs or self.pool is not None:
+            return self.capture_s
+        t0 = time.perf_counter()
+        self.pool = torch.cuda.graph_pool_handle()
+        self.valid.fill_(1)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        # largest first, so the smaller ones fit in what it leaves (the pool is shared)
+        for n in sorted(self.sizes, reverse=True):
+            r = self._rows_for(n)
+            with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
+                for j in range(self.n_attn + 2):
+                    self._run(r, j)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graphs = []
+            for j in range(self.n_attn + 2):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=self.pool, stream=stream):
+                    self._run(r, j)
+                graphs.append(g)
+            r.graphs = graphs
+        torch.cuda.synchronize(self.device)
+        self.capture_s = time.perf_counter() - t0
+        return self.capture_s
+
+    def report(self) -> dict[str, Any]:
+        """What the fast path holds beside the sessions, shared by all of them."""
+        static = sum(t.numel() * t.element_size() for t in (*self.conv, *self.rec))
+        static += sum(r.ids.numel() * 8 + r.attn.numel() * r.attn.element_size() for r in self.rows.values())
+        merged = sum(t.numel() * t.element_size() for lw in self.layers
+                     for t in (lw.w_in, lw.gate_up))
+        out: dict[str, Any] = {"graphs": self.use_graphs, "sizes": list(self.sizes), "capture_s": self.capture_s,
+                               "static_bytes": static, "merged_weight_bytes": merged}
+        if self.use_graphs and self.pool is not None:
+            out["graph_pool_bytes"] = torch.cuda.memory_stats(self.device).get("reserved_bytes.all.current", 0)
+        return out
+
+
+class _Fork:
+    """A fork in progress: ids are pushed through whole-grid passes and one padded pass."""
+
+    def __init__(self, fast: FastForward, state: ModelState, committed: int) -> None:
+        self.fast = fast
+        self.state = state
+        self.committed = committed
+        self.logits: torch.Tensor | None = None
+
+    def extend(self, ids: list[int]) -> _Fork:
+        fast, state = self.fast, self.state
+        pos = 0
+        while pos < len(ids):
+            take = min(fast.grid, len(ids) - pos)
+            size = fast._size_for(take)
+            piece = ids[pos:pos + take] + [0] * (size - take)  # padding: any valid id, masked out
+            batch = torch.tensor(piece, dtype=torch.long)
+            self.logits = fast._pass(batch, state, take, logits=pos + take == len(ids))
+            state.length += take
+            pos += take
+        return self
+
+    def close(self) -> None:
+        self.state.truncate(self.committed)

@@ -1,0 +1,256 @@
+"""The fast path's fused kernels (Triton), one launch where the torch forward takes five to ten.
+
+Each kernel computes what a few lines of ``model.py`` compute, in fp32 inside the kernel and
+rounded once at the end, so its bits differ from the torch forward's by bf16 rounding only; the
+tests compare each with the torch lines it replaces. Every launch has a fixed configuration (no
+autotuning): the same shape always runs the same code, in every process, which is what keeps a
+session read over many turns bit-equal to a fresh prefill on this path.
+
+Rows are tokens. Inputs are read through their row stride, so the kernels can read straight out
+of the merged projections (``fast.py``) without a copy. ``valid`` is a 1-element int tensor, the
+number of real rows: rows at or above it are padding that must leave the recurrent state alone
+(a question padded to a captured size). Being a tensor, it changes without a new capture.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+# Rows per program of the row-wise kernels. One on the GPU: a row already fills a program there.
+# Under Triton's interpreter (the CPU tests) every program costs milliseconds, so it takes many.
+ROWS = 1 if torch.cuda.is_available() else 16
+
+
+# ---- RMSNorm (Qwen3.5's 1 + w form), optionally after the residual add -------------------------
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, R, D, stride_x, stride_delta, stride_out, eps,
+                     ADD: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
+    cols = tl.arange(0, BLOCK)[None, :]
+    m = (row < R) & (cols < D)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    if ADD:
+        d = tl.load(delta_ptr + row * stride_delta + cols, mask=m, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the stream stays in model dtype
+        tl.store(x_ptr + row * stride_x + cols, x, mask=m)
+    xf = x.to(tl.float32)
+    y = xf * tl.rsqrt(tl.sum(xf * xf, axis=1)[:, None] / D + eps)
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)  # 1 + weight, fp32
+    tl.store(out_ptr + row * stride_out + cols, (y * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm(x: torch.Tensor, w1p: torch.Tensor, eps: float, out: torch.Tensor,
+             add: torch.Tensor | None = None) -> None:
+    """``out = rmsnorm(x) * w1p``; with ``add``, first ``x += add`` in place (the residual stream)."""
+    rows, d = x.shape
+    delta = x if add is None else add
+    _rms_norm_kernel[(triton.cdiv(rows, ROWS),)](x, delta, w1p, out, rows, d, x.stride(0), delta.stride(0),
+                                                 out.stride(0), eps, ADD=add is not None, ROWS=ROWS,
+                                                 BLOCK=_pow2(d), num_warps=4)
+
+
+# ---- MLP: silu(gate) * up ------------------------------------------------------------------
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, R, inter, stride_gu, stride_out, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
+    cols = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]
+    m = (row < R) & (cols < inter)
+    g = tl.load(gu_ptr + row * stride_gu + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * stride_gu + inter + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = silu(gate_up[:, :I]) * gate_up[:, I:]`` with ``I = out.shape[1]``."""
+    rows, inter = out.shape
+    block = 1024
+    _silu_mul_kernel[(triton.cdiv(rows, ROWS), triton.cdiv(inter, block))](
+        gate_up, out, rows, inter, gate_up.stride(0), out.stride(0), ROWS=ROWS, BLOCK=block, num_warps=4)
+
+
+# ---- full attention: q/k norm and partial RoPE; the output gate --------------------------------
+
+
+@triton.jit
+def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_ptr, k_ptr, v_ptr, R,
+                         stride_proj, H, KVH, HD, RD, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
+    head = tl.program_id(1)  # [0, H) queries, [H, H + KVH) keys, [H + KVH, H + 2 KVH) values
+    cols = tl.arange(0, BLOCK)[None, :]
+    mr = row < R
+    m = mr & (cols < HD)
+    base = proj_ptr + row * stride_proj
+    if head < H + KVH:
+        if head < H:
+            src = base + head * 2 * HD  # q_proj interleaves [q | gate] per head
+            w_ptr = qn_ptr
+            dst = q_ptr + (row * H + head) * HD
+        else:
+            src = base + H * 2 * HD + (head - H) * HD
+            w_ptr = kn_ptr
+            dst = k_ptr + (row * KVH + head - H) * HD
+        xf = tl.load(src + cols, mask=m, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1)[:, None] / HD + eps)
+        y = xf * rstd * tl.load(w_ptr + cols, mask=cols < HD, other=0.0)
+        half = RD // 2
+        rot = cols < RD
+        partner = tl.where(cols < half, cols + half, cols - half)
+        pf = tl.load(src + partner, mask=mr & rot, other=0.0).to(tl.float32)
+        py = pf * rstd * tl.load(w_ptr + partner, mask=rot, other=0.0)
+        pos = (tl.load(start_ptr) + row).to(tl.float32)
+        freq = pos * tl.load(inv_freq_ptr + (cols % half), mask=rot, other=0.0)
+        rotated = tl.where(cols < half, -py, py)
+        y = tl.where(rot, y * tl.cos(freq) + rotated * tl.sin(freq), y)
+        tl.store(dst + cols, y.to(q_ptr.dtype.element_ty), mask=m)
+    else:
+        j = head - H - KVH
+        x = tl.load(base + H * 2 * HD + KVH * HD + j * HD + cols, mask=m, other=0.0)
+        tl.store(v_ptr + (row * KVH + j) * HD + cols, x, mask=m)
+
+
+def qk_norm_rope(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, inv_freq: torch.Tensor,
+                 start: torch.Tensor, eps: float, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """From the merged projection ``[q|gate per head, k, v]``: normalised, rotated q [n,H,hd] and
+    k [n,KVH,hd], and v [n,KVH,hd]. ``start`` (1 element) is the position of row 0."""
+    rows, heads, hd = q.shape
+    kvh = k.shape[1]
+    _qk_norm_rope_kernel[(triton.cdiv(rows, ROWS), heads + 2 * kvh)](
+        proj, q_norm, k_norm, inv_freq, start, q, k, v, rows, proj.stride(0), heads, kvh, hd,
+        2 * inv_freq.shape[0], eps, ROWS=ROWS, BLOCK=_pow2(hd), num_warps=2)
+
+
+@triton.jit
+def _gate_kernel(attn_ptr, proj_ptr, out_ptr, R, stride_proj, H, HD, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)[None, :]
+    m = (row < R) & (cols < HD)
+    a = tl.load(attn_ptr + (row * H + head) * HD + cols, mask=m, other=0.0).to(tl.float32)
+    g = tl.load(proj_ptr + row * stride_proj + head * 2 * HD + HD + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + (row * H + head) * HD + cols, (a * tl.sigmoid(g)).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def output_gate(attn: torch.Tensor, proj: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = attn * sigmoid(gate)``, attn and out [n, H, hd] contiguous, gate read from ``proj``."""
+    rows, heads, hd = attn.shape
+    _gate_kernel[(triton.cdiv(rows, ROWS), heads)](attn, proj, out, rows, proj.stride(0), heads, hd, ROWS=ROWS,
+                                                   BLOCK=_pow2(hd), num_warps=2)
+
+
+# ---- Gated DeltaNet: conv + SiLU with its state, the gates, the gated output norm ---------------
+
+
+@triton.jit
+def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, n, C, KD, stride_proj,
+                      KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mt = t < n
+    mc = c < C
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    for j in tl.static_range(KERNEL):
+        # output t reads columns t+1+j of [state (KERNEL columns) | new rows]
+        col = t + 1 + j
+        from_state = col < KERNEL
+        xs = tl.load(state_ptr + c[None, :] * KERNEL + col[:, None],
+                     mask=from_state[:, None] & mc[None, :] & mt[:, None], other=0.0)
+        xn = tl.load(proj_ptr + (col - KERNEL)[:, None] * stride_proj + c[None, :],
+                     mask=(~from_state)[:, None] & mc[None, :] & mt[:, None], other=0.0)
+        w = tl.load(w_ptr + c * KERNEL + j, mask=mc, other=0.0).to(tl.float32)
+        acc += (xs.to(tl.float32) + xn.to(tl.float32)) * w[None, :]
+    y = acc * tl.sigmoid(acc)
+    # out is [q (n*KD) | k (n*KD) | v (n*VD)], each block contiguous by rows, as fla wants them
+    region = (c >= KD).to(tl.int32) + (c >= 2 * KD).to(tl.int32)
+    width = tl.where(region == 2, C - 2 * KD, KD)
+    offset = tl.where(region == 0, 0, tl.where(region == 1, n * KD, 2 * n * KD)) + (c - region * KD)
+    tl.store(out_ptr + offset[None, :] + t[:, None] * width[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=mt[:, None] & mc[None, :])
+
+
+@triton.jit
+def _conv_state_kernel(proj_ptr, state_ptr, valid_ptr, C, stride_proj, KERNEL: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    j = tl.arange(0, KERNEL)
+    mc = c < C
+    valid = tl.load(valid_ptr)
+    col = valid + j  # the new state is columns [valid, valid + KERNEL) of [state | new rows]
+    from_state = col < KERNEL
+    xs = tl.load(state_ptr + c[:, None] * KERNEL + col[None, :], mask=mc[:, None] & from_state[None, :], other=0.0)
+    xn = tl.load(proj_ptr + (col - KERNEL)[None, :] * stride_proj + c[:, None],
+                 mask=mc[:, None] & (~from_state)[None, :], other=0.0)
+    new = tl.where(from_state[None, :], xs, xn)
+    tl.debug_barrier()  # every old column is read before any is overwritten
+    tl.store(state_ptr + c[:, None] * KERNEL + j[None, :], new, mask=mc[:, None])
+
+
+def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, valid: torch.Tensor,
+              out: torch.Tensor) -> None:
+    """The depthwise causal conv and SiLU over ``proj[:, :C]`` after the held columns ``state``
+    [C, kernel]; writes [q | k | v] blocks into ``out`` and then moves ``state`` on by ``valid`` rows."""
+    c, kernel = state.shape
+    n = proj.shape[0]
+    block_t, block_c = 16, 128
+    _conv_silu_kernel[(triton.cdiv(n, block_t), triton.cdiv(c, block_c))](
+        proj, state, weight, out, n, c, key_dim, proj.stride(0), KERNEL=kernel, BLOCK_T=block_t,
+        BLOCK_C=block_c, num_warps=4)
+    _conv_state_kernel[(triton.cdiv(c, 128),)](proj, state, valid, c, proj.stride(0), KERNEL=kernel,
+                                               BLOCK_C=128, num_warps=4)
+
+
+@triton.jit
+def _gates_kernel(proj_ptr, neg_a_ptr, dt_bias_ptr, valid_ptr, g_ptr, beta_ptr, R, stride_proj, b_off, a_off, HV,
+                  ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
+    h = tl.arange(0, BLOCK)[None, :]
+    m = (row < R) & (h < HV)
+    keep = row < tl.load(valid_ptr)
+    b = tl.load(proj_ptr + row * stride_proj + b_off + h, mask=m, other=0.0).to(tl.float32)
+    a = tl.load(proj_ptr + row * stride_proj + a_off + h, mask=m, other=0.0).to(tl.float32)
+    x = a + tl.load(dt_bias_ptr + h, mask=h < HV, other=0.0).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+    g = tl.load(neg_a_ptr + h, mask=h < HV, other=0.0) * softplus
+    # padding rows: no decay and no write, so the state passes them unchanged
+    tl.store(g_ptr + row * HV + h, tl.where(keep, g, 0.0), mask=m)
+    tl.store(beta_ptr + row * HV + h, tl.where(keep, tl.sigmoid(b), 0.0).to(beta_ptr.dtype.element_ty), mask=m)
+
+
+def gates(proj: torch.Tensor, b_off: int, a_off: int, neg_a: torch.Tensor, dt_bias: torch.Tensor,
+          valid: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+    """``g = -exp(A_log) * softplus(a + dt_bias)`` (fp32) and ``beta = sigmoid(b)``, per row and value head."""
+    rows, hv = g.shape
+    _gates_kernel[(triton.cdiv(rows, 16),)](proj, neg_a, dt_bias, valid, g, beta, rows, proj.stride(0), b_off,
+                                            a_off, hv, ROWS=16, BLOCK=_pow2(hv), num_warps=1)
+
+
+@triton.jit
+def _gated_norm_kernel(o_ptr, proj_ptr, w_ptr, out_ptr, R, stride_proj, z_off, HV, DV, eps, ROWS: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)[None, :]
+    m = (row < R) & (cols < DV)
+    o = tl.load(o_ptr + (row * HV + head) * DV + cols, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(proj_ptr + row * stride_proj + z_off + head * DV + cols, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cols < DV, other=0.0).to(tl.float32)
+    y = o * tl.rsqrt(tl.sum(o * o, axis=1)[:, None] / DV + eps) * w * (z * tl.sigmoid(z))
+    tl.store(out_ptr + (row * HV + head) * DV + cols, y.to(out_ptr.dtype.element_ty), mask=m)
+
+
+def gated_norm(o: torch.Tensor, proj: torch.Tensor, z_off: int, weight: torch.Tensor, eps: float,
+               out: torch.Tensor) -> None:
+    """The GDN output norm: ``rmsnorm(o) * w * silu(z)`` per value head; o [n, HV, dv], out [n, HV*dv]."""
+    rows, hv, dv = o.shape
+    _gated_norm_kernel[(triton.cdiv(rows, ROWS), hv)](o, proj, weight, out, rows, proj.stride(0), z_off, hv, dv,
+                                                      eps, ROWS=ROWS, BLOCK=_pow2(dv), num_warps=2)

@@ -1,0 +1,182 @@
+"""The fast path on the CPU: each fused kernel (under Triton's interpreter) against the torch lines it
+replaces, the whole fast forward against the torch forward, and exactness on the fast path itself
+(incremental equals fresh, a fork leaves the committed state alone), torch.equal on every tensor.
+The CUDA graphs themselves are exercised by the GPU tests (tests/backends/test_gpu.py)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
+pytest.importorskip("triton", reason="the fast path's kernels need triton (pip install -e '.[dev]')")
+
+import torch.nn.functional as F  # noqa: E402
+
+from shadow import ShadowSettings, build_shadow  # noqa: E402
+from shadow.backends.qwen35 import Qwen35, kernels  # noqa: E402
+from shadow.backends.qwen35.checkpoint import write_checkpoint  # noqa: E402
+from shadow.backends.qwen35.model import _gated_rms_norm, _rms_norm_1p, _rotate_half  # noqa: E402
+
+from .tiny import tiny  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    err = (got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12)
+    assert err < tol, f"relative error {err:.2e} over {tol:.0e}"
+
+
+def _randn(*shape: int, dtype=torch.bfloat16, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(DEV, dtype)
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_rms_norm(add):
+    h, d, w = _randn(7, 96, seed=1), _randn(7, 96, seed=2), _randn(96, seed=3) * 0.1
+    stream = h.clone()
+    out = torch.full_like(h, float("nan"))
+    kernels.rms_norm(stream, (1.0 + w.float()), 1e-6, out, add=d if add else None)
+    want_stream = h + d if add else h
+    if DEV == "cuda":  # rounds once to bf16, as torch's add does (the interpreter's cast truncates)
+        assert torch.equal(stream, want_stream)
+    _close(stream, want_stream, 1e-2)
+    _close(out, _rms_norm_1p(want_stream, w, 1e-6), 1e-2)
+
+
+def test_silu_mul():
+    gu = _randn(5, 2 * 1100, seed=4)
+    out = torch.full((5, 1100), float("nan"), dtype=gu.dtype, device=DEV)
+    kernels.silu_mul(gu, out)
+    _close(out, F.silu(gu[:, :1100]) * gu[:, 1100:], 1e-2)
+
+
+def test_qk_norm_rope_and_output_gate():
+    n, heads, kvh, hd, rd, start = 6, 2, 1, 32, 8, 1000
+    proj = _randn(n, heads * 2 * hd + 2 * kvh * hd, seed=5)
+    qw, kw = _randn(hd, seed=6) * 0.1, _randn(hd, seed=7) * 0.1
+    inv_freq = (1.0 / (10_000 ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))).to(DEV)
+    q, k, v = (torch.full((n, h, hd), float("nan"), dtype=proj.dtype, device=DEV) for h in (heads, kvh, kvh))
+    kernels.qk_norm_rope(proj, 1.0 + qw.float(), 1.0 + kw.float(), inv_freq,
+                         torch.tensor([start], device=DEV), 1e-6, q, k, v)
+    # the torch forward's lines (model.py _attention)
+    qg = proj[:, :heads * 2 * hd].view(n, heads, 2 * hd)
+    pos = torch.arange(start, start + n, dtype=torch.float32, device=DEV)
+    emb = torch.cat([pos[:, None] * inv_freq[None]] * 2, dim=-1)
+    c, s = emb.cos().to(proj.dtype)[:, None], emb.sin().to(proj.dtype)[:, None]
+
+    def rope(x):
+        return torch.cat((x[..., :rd] * c + _rotate_half(x[..., :rd]) * s, x[..., rd:]), dim=-1)
+
+    _close(q, rope(_rms_norm_1p(qg[..., :hd], qw, 1e-6)), 1e-2)
+    kraw = proj[:, heads * 2 * hd:heads * 2 * hd + kvh * hd].view(n, kvh, hd)
+    _close(k, rope(_rms_norm_1p(kraw, kw, 1e-6)), 1e-2)
+    assert torch.equal(v, proj[:, heads * 2 * hd + kvh * hd:].view(n, kvh, hd))
+
+    attn, gated = _randn(n, heads, hd, seed=8), torch.empty(n, heads, hd, dtype=proj.dtype, device=DEV)
+    kernels.output_gate(attn, proj, gated)
+    _close(gated, attn * torch.sigmoid(qg[..., hd:]), 1e-2)
+
+
+@pytest.mark.parametrize(("n", "valid"), [(37, 37), (3, 3), (32, 20), (8, 2)])
+def test_conv_silu_and_its_state(n, valid):
+    kd, vd, kernel = 32, 64, 4
+    c = 2 * kd + vd
+    proj = _randn(n, c + 40, seed=9)  # wider than the conv's columns, as the merged projection is
+    weight = _randn(c, kernel, seed=10) * 0.5
+    state = _randn(c, kernel, seed=11)
+    out = torch.full((n * c,), float("nan"), dtype=proj.dtype, device=DEV)
+    held = state.clone()
+    kernels.conv_silu(proj, state, weight, kd, torch.tensor([valid], dtype=torch.int32, device=DEV), out)
+    cols = torch.cat((held, proj[:, :c].t()), dim=1)
+    want = F.silu(F.conv1d(cols[None].float(), weight.float()[:, None, :], groups=c)[0, :, 1:]).t()
+    got = torch.cat((out[:n * kd].view(n, kd), out[n * kd:2 * n * kd].view(n, kd), out[2 * n * kd:].view(n, vd)), 1)
+    _close(got, want, 1e-2)
+    assert torch.equal(state, cols[:, valid:valid + kernel])  # moved on by the real rows only
+
+
+def test_gates_and_gated_norm():
+    n, hv, dv, off = 9, 4, 16, 10
+    proj = _randn(n, off + hv * dv + 2 * hv + 3, seed=12)
+    neg_a, dt_bias = -_randn(hv, dtype=torch.float32, seed=13).exp(), _randn(hv, seed=14)
+    g = torch.full((n, hv), float("nan"), device=DEV)
+    beta = torch.full((n, hv), float("nan"), dtype=proj.dtype, device=DEV)
+    b_off, a_off = off + hv * dv, off + hv * dv + hv
+    kernels.gates(proj, b_off, a_off, neg_a, dt_bias, torch.tensor([6], dtype=torch.int32, device=DEV), g, beta)
+    want_g = neg_a * F.softplus(proj[:, a_off:a_off + hv].float() + dt_bias)
+    _close(g[:6], want_g[:6], 1e-5)
+    _close(beta[:6], torch.sigmoid(proj[:6, b_off:b_off + hv]), 1e-2)
+    assert not g[6:].any() and not beta[6:].any()  # padding: no decay, no write
+
+    o, w = _randn(n, hv, dv, seed=15), _randn(dv, seed=16)
+    out = torch.full((n, hv * dv), float("nan"), dtype=o.dtype, device=DEV)
+    kernels.gated_norm(o, proj, off, w, 1e-6, out)
+    z = proj[:, off:off + hv * dv].view(n, hv, dv)
+    _close(out, _gated_rms_norm(o, z, w, 1e-6).reshape(n, -1), 1e-2)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fast")
+    cfg = tiny(vocab=248320, hidden=32, heads=2, kv_heads=1, layers=4, k_heads=2, v_heads=4)
+    return {dtype: write_checkpoint(root / dtype, cfg, dtype=getattr(torch, dtype), seed=3)
+            for dtype in ("float32", "bfloat16")}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fast_forward_agrees_with_the_torch_forward(checkpoints, dtype):
+    from shadow.backends.qwen35.fast import FastForward
+
+    model = Qwen35.from_pretrained(checkpoints[dtype], device=DEV, dtype=dtype)
+    ids = torch.randint(0, 248000, (64 + 40,), generator=torch.Generator().manual_seed(1))
+    ref_state = model.new_state()
+    model.forward(ids[:64], ref_state)
+    want = model.forward(ids[64:], ref_state, logits_at=[-1])
+    assert want is not None
+
+    fast = FastForward(model, grid=64)
+    state = model.new_state()
+    fast.read_chunk(ids[:64], state)
+    fork = fast.fork(ids[64:].tolist(), state)  # one padded pass of 64 rows for 40 ids
+    assert fork.logits is not None
+    # fp32 checks the structure tightly; bf16 sees rounding at different places (and the interpreter's
+    # casts truncate where the GPU's round)
+    tol = 1e-4 if dtype == "float32" else 6e-2
+    _close(fork.logits, want[0], tol)
+    _close(state.k[0][:104], ref_state.k[0][:104], tol)
+    _close(state.v[0][:104], ref_state.v[0][:104], tol)
+    fork.close()
+    assert state.length == 64
+
+
+def _fast_shadow(checkpoints, dtype: str, grid: int):
+    return build_shadow(ShadowSettings(_env_file=None, model=str(checkpoints[dtype]), device=DEV,
+                                       dtype=dtype, grid=grid, disk="off", fast="on"))
+
+
+def test_fast_path_replay_equals_fresh_and_forks_are_pure(checkpoints):
+    sh = _fast_shadow(checkpoints, "bfloat16", 64)
+    rng = random.Random(7)
+    ids = [rng.randrange(248000) for _ in range(700)]
+    sh.feed_prompt("s", ids[:150])
+    sh.read()
+    sh.feed_output("s", ids[150:230])
+    sh.read()
+    before = sh.export_state("s")
+    sh.ask("s", ids[600:650], ["A", "B"])
+    assert sh.decode("s", ids[650:660], max_new=5)
+    after = sh.export_state("s")
+    for name in before:
+        assert torch.equal(before[name], after[name]), f"a fork changed {name}"
+    sh.feed_prompt("s", ids[:200] + ids[300:520])  # a rollback below the read rows
+    sh.read()
+    book_ids = sh.book("s").ids
+    got, want = sh.export_state("s"), sh.fresh_state(book_ids)
+    for name in want:
+        assert torch.equal(got[name], want[name]), f"{name} differs from a fresh prefill on the fast path"
