@@ -15,14 +15,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is first imported
 pytest.importorskip("triton", reason="the fast path's kernels need triton (pip install -e '.[dev]')")
 
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
-from shadow import ShadowSettings, build_shadow  # noqa: E402
-from shadow.backends.qwen35 import Qwen35, kernels  # noqa: E402
-from shadow.backends.qwen35.checkpoint import write_checkpoint  # noqa: E402
-from shadow.backends.qwen35.model import _gated_rms_norm, _rms_norm_1p, _rotate_half  # noqa: E402
+from shadow import ShadowSettings, build_shadow
+from shadow.backends.qwen35 import Qwen35, kernels
+from shadow.backends.qwen35.checkpoint import write_checkpoint
+from shadow.backends.qwen35.model import _gated_rms_norm, _rms_norm_1p, _rotate_half
 
-from .tiny import tiny  # noqa: E402
+from .tiny import tiny
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -299,7 +299,8 @@ class FastForward:
         if self.model.attention == "lower-right":
             mask: Any = causal_lower_right(r.n, end)
         else:
-            mask = torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
+            keys_at = torch.arange(end, device=self.device)
+            mask = keys_at[None, :] <= torch.arange(start, end, device=self.device)[:, None]
         out = F.scaled_dot_product_attention(r.q.permute(1, 0, 2)[None], keys, values, attn_mask=mask,
                                              scale=self.cfg.head_dim ** -0.5, enable_gqa=True)
         r.attn.copy_(out[0].permute(1, 0, 2))
@@ -353,7 +354,7 @@ class FastForward:
         t0 = time.perf_counter()
         self.pool = torch.cuda.graph_pool_handle()
         self.valid.fill_(1)
-        stream = torch.cuda.Stream(self.device)
+        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(self.device))
         # largest first, so the smaller ones fit in what it leaves (the pool is shared)
         for n in sorted(self.sizes, reverse=True):
