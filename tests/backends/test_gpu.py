@@ -33,6 +33,13 @@ def test_fla_path_agrees_with_torch_form(length, hk, hv):
     assert ((s - s_ref).norm() / s_ref.norm()) < 1e-2
 
 
+def test_no_fla_kernel_is_left_to_choose_by_timing():
+    from shadow.backends.qwen35 import gdn_fla
+
+    assert gdn_fla.available()
+    assert gdn_fla.unpinned() == []
+
+
 def test_fla_path_same_inputs_same_bits():
     args = _inputs(2048, 16, 16, seed=3)
     first = gated_delta_rule(*args)
@@ -88,22 +95,25 @@ def test_fast_graphs_replay_the_eager_kernels_bit_for_bit(tmp_path):
 
 
 def test_fast_path_agrees_with_the_torch_forward(tmp_path):
-    """Fast and torch forwards on the same weights: the same function within bf16 rounding."""
+    """Fast and torch forwards on the same weights compute the same function: against the torch
+    forward in fp32, the fast path in bf16 is no further off than the torch forward in bf16."""
     ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
     ids = _session_ids(2 * 512 + 100, 2)
     out = {}
-    for fast in ("off", "auto"):
-        sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device="cuda", dtype="bfloat16",
+    for fast, dtype in (("off", "float32"), ("off", "bfloat16"), ("auto", "bfloat16")):
+        sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device="cuda", dtype=dtype,
                                          grid=512, disk="off", fast=fast))
         sh.warm_up()
         sh.feed_prompt("s", ids)
         sh.read()
-        out[fast] = (sh.export_state("s"), sh.ask("s", ids[:40], ["A", "B"]).probs)
-    (ref, p_ref), (got, p_got) = out["off"], out["auto"]
+        out[fast, dtype] = (sh.export_state("s"), sh.ask("s", ids[:40], ["A", "B"]).probs["A"])
+    ref, p_ref = out["off", "float32"]
     for name in ref:
-        err = (got[name].float() - ref[name].float()).norm() / ref[name].float().norm()
-        assert err < 2e-2, f"{name}: relative error {err:.2e}"
-    assert abs(p_ref["A"] - p_got["A"]) < 2e-2
+        errs = [float((out[k][0][name].float() - ref[name]).norm() / ref[name].norm())
+                for k in (("off", "bfloat16"), ("auto", "bfloat16"))]
+        print(f"{name}: torch bf16 {errs[0]:.2e}, fast bf16 {errs[1]:.2e}")
+        assert errs[1] <= max(1.5 * errs[0], 1e-2), f"{name}: fast {errs[1]:.2e} vs torch bf16 {errs[0]:.2e}"
+    assert abs(out["auto", "bfloat16"][1] - p_ref) <= max(1.5 * abs(out["off", "bfloat16"][1] - p_ref), 1e-2)
 
 
 def test_fast_path_real_session_equals_fresh_prefill_in_another_process(tmp_path):
