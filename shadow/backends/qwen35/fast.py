@@ -95,6 +95,18 @@ class _Rows:
     graphs: list[Any] = field(default_factory=list)  # one per piece, then the logits graph
 
 
+def _stacked(views: list[torch.Tensor]) -> torch.Tensor | None:
+    """The tensor that ``views`` are consecutive slices of (``t.unbind(0)``), or None."""
+    base = views[0]._base if views else None
+    if base is None or not base.is_contiguous() or base.shape[0] != len(views):
+        return None
+    step = base.stride(0) * base.element_size()
+    for i, v in enumerate(views):
+        if v.data_ptr() != base.data_ptr() + i * step or v.shape != base.shape[1:]:
+            return None
+    return base
+
+
 def _one_plus(w: torch.Tensor) -> torch.Tensor:
     return (1.0 + w.float()).contiguous()
 
@@ -146,10 +158,11 @@ class FastForward:
         dev = self.device
         self.start = torch.zeros(1, dtype=torch.long, device=dev)
         self.valid = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.conv = [torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim, device=dev, dtype=model.dtype)
-                     for _ in cfg.linear_layers]
-        self.rec = [torch.zeros(cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                                device=dev, dtype=torch.float32) for _ in cfg.linear_layers]
+        fresh = ModelState.empty(cfg, dev, model.dtype)  # stacked: one tensor per kind, one view per layer
+        self.conv, self.rec = fresh.conv, fresh.recurrent
+        conv_all, rec_all = _stacked(self.conv), _stacked(self.rec)
+        assert conv_all is not None and rec_all is not None
+        self.conv_all, self.rec_all = conv_all, rec_all
         self.rows: dict[int, _Rows] = {}
         self.pool: Any = None
         self.capture_s = 0.0
@@ -222,7 +235,7 @@ class FastForward:
         proj = F.linear(x, lw.w_in)  # [n, conv_dim + value_dim + 2 value heads]
         kd, vd, hv = cfg.key_dim, cfg.value_dim, cfg.linear_num_value_heads
         mixed = torch.empty(n * cfg.conv_dim, device=x.device, dtype=x.dtype)
-        kernels.conv_silu(proj, self.conv[lw.index], lw.conv, kd, self.valid, mixed)
+        kernels.conv_silu(proj, self.conv[lw.index], lw.conv, kd, cfg.linear_key_head_dim, self.valid, mixed)
         q = mixed[:n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         k = mixed[n * kd:2 * n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = mixed[2 * n * kd:].view(n, hv, cfg.linear_value_head_dim)
@@ -232,11 +245,11 @@ class FastForward:
         kernels.gates(proj, z_off + vd, z_off + vd + hv, lw.neg_a, lw.dt_bias, self.valid, g, beta)
         state = self.rec[lw.index]
         if self._fla is None:
-            o, new = gated_delta_rule_chunked(q, k, v, g, beta, state)
+            o, new = gated_delta_rule_chunked(q, k, v, g, beta, state, normalized=True)
         elif n < 16:
-            o, new = self._fla.recurrent_step(q, k, v, g, beta, state)
+            o, new = self._fla.recurrent_step(q, k, v, g, beta, state, normalized=True)
         else:
-            o, new = self._fla.gated_delta_rule(q, k, v, g, beta, state)
+            o, new = self._fla.gated_delta_rule(q, k, v, g, beta, state, normalized=True)
         state.copy_(new)
         y = torch.empty(n, vd, device=x.device, dtype=x.dtype)
         kernels.gated_norm(o.contiguous(), proj, z_off, lw.norm, self.eps, y)
@@ -334,15 +347,30 @@ class FastForward:
         """Commit ``grid`` ids: the state moves on, exactly as a fresh prefill's chunk would."""
         if ids.shape[0] != self.grid:
             raise ValueError(f"a chunk is {self.grid} ids, got {ids.shape[0]}")
-        torch._foreach_copy_(self.conv + self.rec, state.conv + state.recurrent)
+        self._copy_in(state)
         self._pass(ids, state, self.grid, logits=False)
-        torch._foreach_copy_(state.conv + state.recurrent, self.conv + self.rec)
+        conv, rec = _stacked(state.conv), _stacked(state.recurrent)
+        if conv is not None and rec is not None:
+            conv.copy_(self.conv_all)
+            rec.copy_(self.rec_all)
+        else:
+            torch._foreach_copy_(state.conv + state.recurrent, self.conv + self.rec)
         state.length += self.grid
+
+    def _copy_in(self, state: ModelState) -> None:
+        """The session's conv and recurrent state into the static buffers: two copies when the
+        session's are stacked too (every state ``ModelState.empty`` makes), else one per layer."""
+        conv, rec = _stacked(state.conv), _stacked(state.recurrent)
+        if conv is not None and rec is not None:
+            self.conv_all.copy_(conv)
+            self.rec_all.copy_(rec)
+        else:
+            torch._foreach_copy_(self.conv + self.rec, state.conv + state.recurrent)
 
     def fork(self, ids: list[int], state: ModelState) -> _Fork:
         """Start a fork above the committed rows: the state's conv and recurrent tensors are not
         written; KV rows above ``state.length`` are scratch."""
-        torch._foreach_copy_(self.conv + self.rec, state.conv + state.recurrent)
+        self._copy_in(state)
         return _Fork(self, state, state.length).extend(ids)
 
     # ---- capture -------------------------------------------------------------------------------

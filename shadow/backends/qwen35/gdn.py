@@ -29,12 +29,12 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def _prepare(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, normalized: bool = False
 ) -> tuple[torch.Tensor, ...]:
-    """fp32, heads first, q and k normalised and expanded to the value heads."""
+    """fp32, heads first, q and k normalised (unless they come ``normalized``) and expanded to the value heads."""
     rep = v.shape[1] // k.shape[1]
-    qf = _l2norm(q.float()) * (q.shape[-1] ** -0.5)
-    kf = _l2norm(k.float())
+    qf = (q.float() if normalized else _l2norm(q.float())) * (q.shape[-1] ** -0.5)
+    kf = k.float() if normalized else _l2norm(k.float())
     if rep > 1:
         qf = qf.repeat_interleave(rep, dim=1)
         kf = kf.repeat_interleave(rep, dim=1)
@@ -66,7 +66,7 @@ def gated_delta_rule_loop(
 
 def gated_delta_rule_chunked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor,
+    state: torch.Tensor, normalized: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule in blocks of CHUNK tokens (the WY form), in fp32 torch.
 
@@ -76,7 +76,7 @@ def gated_delta_rule_chunked(
     o = (gamma q) S0 + [q_i.k_j exp(G_i - G_j)]_{j<=i} delta and
     S = gamma_C S0 + sum_j exp(G_C - G_j) k_j delta_j^T.
     """
-    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
+    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta, normalized)
     heads, length, dk = kf.shape
     dv = vf.shape[-1]
     pad = (-length) % CHUNK

@@ -65,22 +65,24 @@ def unpinned() -> list[str]:
 
 def gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor,
+    state: torch.Tensor, normalized: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as ``gdn.gated_delta_rule`` (one sequence, no batch axis)."""
+    """Same contract as ``gdn.gated_delta_rule`` (one sequence, no batch axis); ``normalized``: q and
+    k arrive l2-normalised (the fast path's conv kernel does it)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     o, s = chunk_gated_delta_rule(
         q[None].contiguous(), k[None].contiguous(), v[None].contiguous(),
         g[None].float().contiguous(), beta[None].contiguous(),
-        initial_state=state[None].float().contiguous(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        initial_state=state[None].float().contiguous(), output_final_state=True,
+        use_qk_l2norm_in_kernel=not normalized,
     )
     return o[0], s[0]
 
 
 def recurrent_step(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor,
+    state: torch.Tensor, normalized: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule token by token in one kernel (fla's fused recurrent form): for the few rows of a
     decode step, where the chunked form's launches cost more than its work. Same contract."""
@@ -88,6 +90,6 @@ def recurrent_step(
 
     o, s = fused_recurrent_gated_delta_rule(
         q[None], k[None], v[None], g[None], beta=beta[None], initial_state=state[None],
-        output_final_state=True, use_qk_l2norm_in_kernel=True,
+        output_final_state=True, use_qk_l2norm_in_kernel=not normalized,
     )
     return o[0], s[0]

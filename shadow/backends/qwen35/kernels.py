@@ -26,6 +26,8 @@ def _pow2(n: int) -> int:
 # Rows per program of the row-wise kernels. One on the GPU: a row already fills a program there.
 # Under Triton's interpreter (the CPU tests) every program costs milliseconds, so it takes many.
 ROWS = 1 if torch.cuda.is_available() else 16
+# The per-head kernels (a head is 128-256 wide) take a few rows even on the GPU.
+HEAD_ROWS = 4 if torch.cuda.is_available() else 16
 
 
 # ---- RMSNorm (Qwen3.5's 1 + w form), optionally after the residual add -------------------------
@@ -125,9 +127,9 @@ def qk_norm_rope(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
     k [n,KVH,hd], and v [n,KVH,hd]. ``start`` (1 element) is the position of row 0."""
     rows, heads, hd = q.shape
     kvh = k.shape[1]
-    _qk_norm_rope_kernel[(triton.cdiv(rows, ROWS), heads + 2 * kvh)](
+    _qk_norm_rope_kernel[(triton.cdiv(rows, HEAD_ROWS), heads + 2 * kvh)](
         proj, q_norm, k_norm, inv_freq, start, q, k, v, rows, proj.stride(0), heads, kvh, hd,
-        2 * inv_freq.shape[0], eps, ROWS=ROWS, BLOCK=_pow2(hd), num_warps=2)
+        2 * inv_freq.shape[0], eps, ROWS=HEAD_ROWS, BLOCK=_pow2(hd), num_warps=4)
 
 
 @triton.jit
@@ -144,8 +146,8 @@ def _gate_kernel(attn_ptr, proj_ptr, out_ptr, R, stride_proj, H, HD, ROWS: tl.co
 def output_gate(attn: torch.Tensor, proj: torch.Tensor, out: torch.Tensor) -> None:
     """``out = attn * sigmoid(gate)``, attn and out [n, H, hd] contiguous, gate read from ``proj``."""
     rows, heads, hd = attn.shape
-    _gate_kernel[(triton.cdiv(rows, ROWS), heads)](attn, proj, out, rows, proj.stride(0), heads, hd, ROWS=ROWS,
-                                                   BLOCK=_pow2(hd), num_warps=2)
+    _gate_kernel[(triton.cdiv(rows, HEAD_ROWS), heads)](attn, proj, out, rows, proj.stride(0), heads, hd,
+                                                        ROWS=HEAD_ROWS, BLOCK=_pow2(hd), num_warps=4)
 
 
 # ---- Gated DeltaNet: conv + SiLU with its state, the gates, the gated output norm ---------------
@@ -153,29 +155,28 @@ def output_gate(attn: torch.Tensor, proj: torch.Tensor, out: torch.Tensor) -> No
 
 @triton.jit
 def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, n, C, KD, stride_proj,
-                      KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                      KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, HEAD: tl.constexpr):
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c = tl.program_id(1) * HEAD + tl.arange(0, HEAD)  # one head's channels
     mt = t < n
-    mc = c < C
-    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+    mask = mt[:, None] & (c < C)[None, :]
+    acc = tl.zeros((BLOCK_T, HEAD), dtype=tl.float32)
     for j in tl.static_range(KERNEL):
-        # output t reads columns t+1+j of [state (KERNEL columns) | new rows]
-        col = t + 1 + j
-        from_state = col < KERNEL
-        xs = tl.load(state_ptr + c[None, :] * KERNEL + col[:, None],
-                     mask=from_state[:, None] & mc[None, :] & mt[:, None], other=0.0)
-        xn = tl.load(proj_ptr + (col - KERNEL)[:, None] * stride_proj + c[None, :],
-                     mask=(~from_state)[:, None] & mc[None, :] & mt[:, None], other=0.0)
-        w = tl.load(w_ptr + c * KERNEL + j, mask=mc, other=0.0).to(tl.float32)
-        acc += (xs.to(tl.float32) + xn.to(tl.float32)) * w[None, :]
+        # output t reads column t+1+j of [state (KERNEL columns) | new rows]
+        col = (t + 1 + j)[:, None]
+        src = tl.where(col < KERNEL, state_ptr + c[None, :] * KERNEL + col,
+                       proj_ptr + (col - KERNEL) * stride_proj + c[None, :])
+        w = tl.load(w_ptr + c * KERNEL + j).to(tl.float32)
+        acc += tl.load(src, mask=mask, other=0.0).to(tl.float32) * w[None, :]
     y = acc * tl.sigmoid(acc)
+    region = tl.program_id(1) * HEAD // KD  # 0 q, 1 k, 2 and above v
+    if region < 2:  # q and k leave l2-normalised per head, as the rule wants them (fla's l2norm, eps 1e-6)
+        y = y * tl.rsqrt(tl.sum(y * y, axis=1)[:, None] + 1e-6)
     # out is [q (n*KD) | k (n*KD) | v (n*VD)], each block contiguous by rows, as fla wants them
-    region = (c >= KD).to(tl.int32) + (c >= 2 * KD).to(tl.int32)
+    region = tl.minimum(region, 2)
     width = tl.where(region == 2, C - 2 * KD, KD)
-    offset = tl.where(region == 0, 0, tl.where(region == 1, n * KD, 2 * n * KD)) + (c - region * KD)
-    tl.store(out_ptr + offset[None, :] + t[:, None] * width[None, :], y.to(out_ptr.dtype.element_ty),
-             mask=mt[:, None] & mc[None, :])
+    offset = region * n * KD + (c - region * KD)
+    tl.store(out_ptr + offset[None, :] + t[:, None] * width, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -195,16 +196,19 @@ def _conv_state_kernel(proj_ptr, state_ptr, valid_ptr, C, stride_proj, KERNEL: t
     tl.store(state_ptr + c[:, None] * KERNEL + j[None, :], new, mask=mc[:, None])
 
 
-def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, valid: torch.Tensor,
-              out: torch.Tensor) -> None:
+def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, head: int,
+              valid: torch.Tensor, out: torch.Tensor) -> None:
     """The depthwise causal conv and SiLU over ``proj[:, :C]`` after the held columns ``state``
-    [C, kernel]; writes [q | k | v] blocks into ``out`` and then moves ``state`` on by ``valid`` rows."""
+    [C, kernel]; writes [q | k | v] blocks into ``out`` (q and k l2-normalised per ``head``
+    channels) and then moves ``state`` on by ``valid`` rows."""
     c, kernel = state.shape
     n = proj.shape[0]
-    block_t, block_c = 16, 128
-    _conv_silu_kernel[(triton.cdiv(n, block_t), triton.cdiv(c, block_c))](
-        proj, state, weight, out, n, c, key_dim, proj.stride(0), KERNEL=kernel, BLOCK_T=block_t,
-        BLOCK_C=block_c, num_warps=4)
+    if key_dim % head or (c - 2 * key_dim) % head:
+        raise ValueError(f"conv channels ({key_dim}, {c - 2 * key_dim}) are not whole heads of {head}")
+    block_t = 32
+    _conv_silu_kernel[(triton.cdiv(n, block_t), c // head)](
+        proj, state, weight, out, n, c, key_dim, proj.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head,
+        num_warps=4)
     _conv_state_kernel[(triton.cdiv(c, 128),)](proj, state, valid, c, proj.stride(0), KERNEL=kernel,
                                                BLOCK_C=128, num_warps=4)
 
@@ -252,5 +256,5 @@ def gated_norm(o: torch.Tensor, proj: torch.Tensor, z_off: int, weight: torch.Te
                out: torch.Tensor) -> None:
     """The GDN output norm: ``rmsnorm(o) * w * silu(z)`` per value head; o [n, HV, dv], out [n, HV*dv]."""
     rows, hv, dv = o.shape
-    _gated_norm_kernel[(triton.cdiv(rows, ROWS), hv)](o, proj, weight, out, rows, proj.stride(0), z_off, hv, dv,
-                                                      eps, ROWS=ROWS, BLOCK=_pow2(dv), num_warps=2)
+    _gated_norm_kernel[(triton.cdiv(rows, HEAD_ROWS), hv)](o, proj, weight, out, rows, proj.stride(0), z_off, hv,
+                                                           dv, eps, ROWS=HEAD_ROWS, BLOCK=_pow2(dv), num_warps=4)

@@ -38,12 +38,13 @@ class ModelState:
         for _ in cfg.full_layers:
             s.k.append(torch.empty(0, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype))
             s.v.append(torch.empty(0, cfg.num_key_value_heads, cfg.head_dim, device=device, dtype=dtype))
-        for _ in cfg.linear_layers:
-            s.conv.append(torch.zeros(cfg.conv_dim, cfg.linear_conv_kernel_dim, device=device, dtype=dtype))
-            s.recurrent.append(
-                torch.zeros(cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-                            device=device, dtype=torch.float32)
-            )
+        # One tensor per kind, a view per layer: the fast path moves a session's state in and out
+        # of its static buffers in one copy each.
+        layers = len(cfg.linear_layers)
+        s.conv = list(torch.zeros(layers, cfg.conv_dim, cfg.linear_conv_kernel_dim, device=device,
+                                  dtype=dtype).unbind(0))
+        s.recurrent = list(torch.zeros(layers, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                       cfg.linear_value_head_dim, device=device, dtype=torch.float32).unbind(0))
         return s
 
     @property
