@@ -57,7 +57,7 @@ def main() -> None:
             sh.read(name)
             read_s = time.perf_counter() - t0
             before = sh.export_state(name)
-            book = sh.book(name)
+            book = sh.position(name)
             resident = sh.resident_bytes()
             row: dict = {"ids": n, "committed": book.committed, "read_s": read_s, "resident_bytes": resident}
             for attempt in ("page_cache", "cold"):

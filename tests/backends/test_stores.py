@@ -64,8 +64,7 @@ def ids_for(seed: int, n: int) -> list[int]:
 def assert_exact(sh, name: str) -> None:
     """Read what is pending, then every tensor must equal a fresh prefill of the session's ids."""
     sh.read(name)
-    book = sh.book(name)
-    got, want = sh.export_state(name), sh.fresh_state(book.ids)
+    got, want = sh.export_state(name), sh.fresh_state(sh.session_ids(name))
     assert got.keys() == want.keys()
     for k in want:
         assert torch.equal(got[k], want[k]), f"{name}: {k} differs from a fresh prefill"
@@ -144,7 +143,7 @@ class Stores(RuleBasedStateMachine):
     @invariant()
     def every_session_exact(self):
         for name, ids in self.model.items():
-            assert self.sh.book(name).ids == ids
+            assert list(self.sh.session_ids(name)) == ids
             assert_exact(self.sh, name)
         assert self.sh.resident_bytes() <= self.sh.cap_bytes
 
@@ -211,7 +210,7 @@ def test_bad_file_refused_removed_and_read_again(ckpt, tmp_path, case):
     TAMPER[case](file)
     assert_exact(sh, "s")  # in this process: the file is refused and the ids are read again
     assert not file.exists()
-    assert sh.disk.refused and sh.book("s").committed == 320
+    assert sh.disk.refused and sh.position("s").committed == 320
     # A new process refuses it too (at start when the header shows it, else when it is loaded);
     # the host's next prompt then reads the session again.
     sh2, _, file2 = _parked(ckpt, tmp_path / "e")
@@ -220,7 +219,7 @@ def test_bad_file_refused_removed_and_read_again(ckpt, tmp_path, case):
     sh3 = make(ckpt, tmp_path / "e")
     sh3.feed_prompt("s", ids_for(1, 300) + ids_for(2, 70))
     assert not file2.exists() and sh3.disk.refused
-    assert sh3.book("s").rollbacks == 0 and sh3.book("s").turns == 1  # a new book: nothing was loaded
+    assert sh3.position("s").rollbacks == 0 and sh3.position("s").turns == 1  # a new book: nothing was loaded
     assert_exact(sh3, "s")
 
 
@@ -240,7 +239,7 @@ def test_close_parks_everything_and_a_new_process_finds_it(ckpt, tmp_path):
     sh = make(ckpt, disk)
     assert sorted(sh.sessions()) == ["x", "y"]
     assert sh.status()["sessions"]["y"]["where"] == "parked"
-    assert sh.book("y").ids == ids_for(1, 300) and sh.book("y").committed == 256
+    assert list(sh.session_ids("y")) == ids_for(1, 300) and sh.position("y").committed == 256
     for name in ("x", "y"):
         assert_exact(sh, name)
 
@@ -267,7 +266,7 @@ def test_without_a_disk_evicted_sessions_are_dropped_and_read_again(ckpt):
         sh.feed_prompt(name, ids_for(ord(name), 200))
         sh.read()
     assert sh.status()["sessions"]["a"]["where"] == "dropped"
-    assert sh.book("a").committed == 0 and sh.book("a").reread == 192
+    assert sh.position("a").committed == 0 and sh.position("a").reread == 192
     sh.read("a")
     assert_exact(sh, "a")
 
@@ -326,7 +325,7 @@ def test_disk_full_drops_cleanly_and_keeps_serving(ckpt, tmp_path):
         assert_exact(sh, "s")
         if limit is None:  # the store itself says why, and leaves nothing behind
             with pytest.raises(StoreError, match="could not park"):
-                sh.disk.put("t", sh.book("s"), sh.memory.get("s")[1])
+                sh.disk.put("t", *sh.memory.get("s"))
             assert list(full.iterdir()) == []
     finally:
         if mounted:
@@ -383,7 +382,7 @@ for trial in range(trials):
             parked = set(sh.disk.names())
             for name in sh.sessions():
                 # (a session whose file was refused or never written is simply absent: read again by the host)
-                ids = sh.book(name).ids
+                ids = list(sh.session_ids(name))
                 assert ids[: 150 + 40 * "abc".index(name)] == ids_for("abc".index(name), 150 + 40 * "abc".index(name))
                 sh.read(name)
                 assert_exact(sh, name)
