@@ -65,7 +65,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 sh.park(name)
                 park_s = time.perf_counter() - t0
-                size = sh.disk.info(name)["bytes"]
+                size = sh.disk.info(name).bytes
                 dropped = _drop_caches() if attempt == "cold" else False
                 t0 = time.perf_counter()
                 sh.restore(name)

@@ -62,7 +62,7 @@ def _disk(settings: ShadowSettings, reader: Any) -> Any:
     from shadow.backends.stores import DiskStore
 
     root = Path(DEFAULT_DISK if settings.disk == "auto" else settings.disk).expanduser()
-    digest = reader.model.weights_hash
+    digest = reader.weights_hash
     return DiskStore(root / digest[:16], reader, digest, max_bytes=int(settings.disk_gb * 2**30))
 
 

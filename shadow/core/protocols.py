@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .session import SessionBook
+from .session import Position, SessionBook
 
 if TYPE_CHECKING:
     from .host import TurnTimeline
@@ -24,7 +25,27 @@ class Reader(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def weights_hash(self) -> str:
+        """A digest of the weights: state read by other weights must never be loaded."""
+        ...
+
+    @property
+    def dtype(self) -> str:
+        """The state's dtype by name (``float32``, ``bfloat16``)."""
+        ...
+
     def new_session(self) -> Any: ...
+
+    def serialise(self, book: SessionBook, tensors: Any) -> dict[str, Any]:
+        """The session's state as host tensors, one stable name each (committed rows only): what a
+        parked file holds. Raises ValueError when ``tensors`` do not hold ``book.committed`` rows."""
+        ...
+
+    def deserialise(self, book: SessionBook, data: Mapping[str, Any]) -> Any:
+        """``serialise``'s inverse, on the reader's device. Raises KeyError or ValueError when
+        ``data`` does not fit this model."""
+        ...
 
     def read_chunk(self, book: SessionBook, tensors: Any) -> float: ...
 
@@ -57,21 +78,33 @@ class Prompter(Protocol):
     def stop_ids(self) -> set[int]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a store says of one session it holds."""
+
+    bytes: int  # held by the store: device bytes (KV capacity and checkpoints included), or the file's size
+    parked_at: float | None = None  # (disk) when it was written
+    position: Position | None = None  # (disk) the bookkeeping kept beside the state
+
+
 class StateStore(Protocol):
     """Where a session's state lives when it is not in use: ``memory`` (resident on the reader's
-    device) or ``disk`` (parked files). ``get`` returns None for a session the store does not hold,
-    or holds in a form it refuses (corrupt, other weights, other grid, other format), which it then
-    removes; ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written."""
+    device) or ``disk`` (parked files). ``peek`` returns what the store holds and keeps it; ``take``
+    returns it and lets go of it. Both return None for a session the store does not hold, or holds
+    in a form it refuses (corrupt, other weights, other grid, other format), which it then removes;
+    ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written."""
 
     def put(self, name: str, book: SessionBook, tensors: Any) -> int: ...
 
-    def get(self, name: str) -> tuple[SessionBook, Any] | None: ...
+    def peek(self, name: str) -> tuple[SessionBook, Any] | None: ...
+
+    def take(self, name: str) -> tuple[SessionBook, Any] | None: ...
 
     def remove(self, name: str) -> None: ...
 
     def names(self) -> list[str]: ...
 
-    def info(self, name: str) -> dict[str, Any] | None: ...
+    def info(self, name: str) -> Stored | None: ...
 
 
 class Scheduler(Protocol):

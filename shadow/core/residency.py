@@ -74,8 +74,10 @@ class Residency:
             entry = self._entry(session)
             if entry.book is not None:
                 return entry.book.position()
-            info = (self.disk.info(session) if self.disk is not None else None) or {}
-            return Position.from_meta(info)
+            info = self.disk.info(session) if self.disk is not None else None
+            if info is None or info.position is None:
+                return Position()
+            return info.position
 
     def session_ids(self, session: str) -> tuple[int, ...]:
         """Every id the session holds. A session parked by an earlier process keeps its ids in its
@@ -115,10 +117,10 @@ class Residency:
                 self._enforce_cap()
 
     def _make_resident(self, name: str, entry: _Entry) -> tuple[SessionBook, Any]:
-        held = self.memory.get(name)
+        held = self.memory.peek(name)
         if held is not None:
             return held
-        got = self.disk.get(name) if self.disk is not None and entry.where == "parked" else None
+        got = self.disk.take(name) if self.disk is not None and entry.where == "parked" else None
         if got is not None:
             parked_book, tensors = got
             book = entry.book if entry.book is not None else parked_book
@@ -134,12 +136,11 @@ class Residency:
     # ---- evicting ----------------------------------------------------------------------------
 
     def _evict(self, name: str) -> None:
-        held = self.memory.get(name)
+        held = self.memory.take(name)
         if held is None:
             return
         book, tensors = held
         entry = self._known[name]
-        self.memory.remove(name)
         if self.disk is not None:
             try:
                 self.disk.put(name, book, tensors)
@@ -153,13 +154,15 @@ class Residency:
 
     def bytes_resident(self, session: str) -> int:
         with self.lock:
-            return int((self.memory.info(session) or {}).get("bytes", 0))
+            info = self.memory.info(session)
+            return info.bytes if info is not None else 0
 
     def bytes_on_disk(self, session: str) -> int:
         with self.lock:
             if self._entry(session).where != "parked" or self.disk is None:
                 return 0
-            return int((self.disk.info(session) or {}).get("bytes", 0))
+            info = self.disk.info(session)
+            return info.bytes if info is not None else 0
 
     def resident_bytes(self) -> int:
         with self.lock:

@@ -186,7 +186,7 @@ def test_bad_input_is_refused_and_changes_nothing(checkpoints, call, error, mess
     sh.feed_prompt("s", list(range(100, 250)))
     sh.read()
     def book_view() -> tuple:
-        book = sh.memory.get("s")[0]  # the whole book, wanted lines included: nothing of it may change
+        book = sh.memory.peek("s")[0]  # the whole book, wanted lines included: nothing of it may change
         return (book.ids, {k: v for k, v in book.meta().items() if k != "last_used"})
 
     before, book_before = sh.export_state("s"), book_view()

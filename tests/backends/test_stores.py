@@ -51,7 +51,7 @@ def make(ckpt: Path, disk: Path | None, cap_mib: float = 64, clock: Clock | None
     c = build_container(s)
     if disk is not None:
         reader = c.reader()
-        c.disk.override(providers.Singleton(DiskStore, disk, reader, reader.model.weights_hash,
+        c.disk.override(providers.Singleton(DiskStore, disk, reader, reader.weights_hash,
                                             max_bytes=int(disk_mib * MIB), clock=clock or Clock()))
     return c.shadow()
 
@@ -279,7 +279,7 @@ def test_ttl_and_disk_cap(ckpt, tmp_path):
         sh.read(name)
         sh.park(name)
         if name == "old":  # a cap of two and a half files of this size
-            sh.disk.max_bytes = int(2.5 * sh.disk.info("old")["bytes"])
+            sh.disk.max_bytes = int(2.5 * sh.disk.info("old").bytes)
         clock.t += 60
     # Three files under a cap for two and a half: the oldest went first.
     assert sorted(sh.disk.names()) == ["mid", "new"]
@@ -325,7 +325,7 @@ def test_disk_full_drops_cleanly_and_keeps_serving(ckpt, tmp_path):
         assert_exact(sh, "s")
         if limit is None:  # the store itself says why, and leaves nothing behind
             with pytest.raises(StoreError, match="could not park"):
-                sh.disk.put("t", *sh.memory.get("s"))
+                sh.disk.put("t", *sh.memory.peek("s"))
             assert list(full.iterdir()) == []
     finally:
         if mounted:

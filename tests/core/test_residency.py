@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
 from shadow.core.errors import BadInput, StoreError, UnknownSession
+from shadow.core.protocols import Stored
 from shadow.core.residency import Residency
 from shadow.core.session import Position, SessionBook
 
@@ -30,8 +30,11 @@ class Memory:
         self.held[name] = (book, tensors)
         return tensors.nbytes
 
-    def get(self, name: str) -> tuple[SessionBook, Tensors] | None:
+    def peek(self, name: str) -> tuple[SessionBook, Tensors] | None:
         return self.held.get(name)
+
+    def take(self, name: str) -> tuple[SessionBook, Tensors] | None:
+        return self.held.pop(name, None)
 
     def remove(self, name: str) -> None:
         self.held.pop(name, None)
@@ -39,9 +42,9 @@ class Memory:
     def names(self) -> list[str]:
         return list(self.held)
 
-    def info(self, name: str) -> dict[str, Any] | None:
+    def info(self, name: str) -> Stored | None:
         held = self.held.get(name)
-        return None if held is None else {"bytes": held[1].nbytes}
+        return None if held is None else Stored(held[1].nbytes)
 
 
 @dataclass
@@ -55,7 +58,11 @@ class Disk:
         self.files[name] = (copy.deepcopy(book), tensors)  # a file holds a copy, not the live book
         return tensors.nbytes
 
-    def get(self, name: str) -> tuple[SessionBook, Tensors] | None:
+    def peek(self, name: str) -> tuple[SessionBook, Tensors] | None:
+        f = self.files.get(name)
+        return None if f is None else (copy.deepcopy(f[0]), f[1])
+
+    def take(self, name: str) -> tuple[SessionBook, Tensors] | None:
         return self.files.pop(name, None)
 
     def remove(self, name: str) -> None:
@@ -64,9 +71,9 @@ class Disk:
     def names(self) -> list[str]:
         return list(self.files)
 
-    def info(self, name: str) -> dict[str, Any] | None:
+    def info(self, name: str) -> Stored | None:
         f = self.files.get(name)
-        return None if f is None else {"bytes": f[1].nbytes, **f[0].meta()}
+        return None if f is None else Stored(f[1].nbytes, 0.0, f[0].position())
 
 
 class Clock:
@@ -204,3 +211,4 @@ def test_close_parks_every_resident_session():
         feed(r, name, 10)
     r.close()
     assert sorted(disk.files) == ["a", "b"] and r.memory.names() == []
+
