@@ -9,7 +9,7 @@ above the committed rows and put the conv and recurrent state back.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -206,7 +206,7 @@ class TorchReader:
             self.read_chunk(book, tensors)
         return self.export(tensors)
 
-    def probabilities(self, logits: torch.Tensor, token_ids: list[int] | tuple[int, ...]) -> list[float]:
+    def probabilities(self, logits: torch.Tensor, token_ids: Sequence[int]) -> list[float]:
         """Softmax over the chosen tokens' logits only, in fp32."""
         picked = logits.float()[torch.tensor(list(token_ids), device=logits.device)]
         return [float(p) for p in torch.softmax(picked, dim=0).cpu()]
