@@ -3,7 +3,7 @@ and ``shadow.adapters``; ``shadow.container`` picks them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -12,7 +12,7 @@ from .session import Position, SessionBook
 
 if TYPE_CHECKING:
     from .host import TurnTimeline
-    from .shadow import ChunkRead
+    from .shadow import ChunkRead, Shadow
 
 Window = Literal["idle", "ration"]
 
@@ -114,6 +114,15 @@ class Scheduler(Protocol):
     window: Window
 
     def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]: ...
+
+
+class Questioner(Protocol):
+    """Questions that wait for the reader to reach a position, answered in the idle window (the
+    router's, in shadow mode). ``answer`` asks the ready ones and stops as soon as ``busy()``."""
+
+    def pending(self, shadow: Shadow) -> bool: ...
+
+    def answer(self, shadow: Shadow, busy: Callable[[], bool]) -> None: ...
 
 
 class Span(Protocol):
