@@ -14,60 +14,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from dependency_injector import providers
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from shadow import ShadowSettings
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
-from shadow.backends.stores import DiskStore
-from shadow.container import build_container
 from shadow.core.errors import StoreError
+from tests.conftest import FakeClock
 
-VOCAB = 248320
-MIB = 2**20
+from .parking import T0, assert_exact, ids_for, make
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("stores") / "model", demo_text_config(), dtype=torch.float32)
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make(ckpt: Path, disk: Path | None, cap_mib: float = 64, clock: Clock | None = None,
-         disk_mib: float = 1024, grid: int = 64):
-    s = ShadowSettings(_env_file=None, model=str(ckpt), device="cpu", dtype="float32", grid=grid,
-                       gb=cap_mib / 1024, disk=str(disk) if disk else "off", disk_gb=disk_mib / 1024)
-    c = build_container(s)
-    if disk is not None:
-        reader = c.reader()
-        c.disk.override(providers.Singleton(DiskStore, disk, reader, reader.weights_hash,
-                                            max_bytes=int(disk_mib * MIB), clock=clock or Clock()))
-    return c.shadow()
-
-
-def ids_for(seed: int, n: int) -> list[int]:
-    r = random.Random(seed)
-    return [r.randrange(VOCAB) for _ in range(n)]
-
-
-def assert_exact(sh, name: str) -> None:
-    """Read what is pending, then every tensor must equal a fresh prefill of the session's ids."""
-    sh.read(name)
-    got, want = sh.export_state(name), sh.fresh_state(sh.session_ids(name))
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.equal(got[k], want[k]), f"{name}: {k} differs from a fresh prefill"
 
 
 # ---- the state machine --------------------------------------------------------------------
@@ -81,7 +43,7 @@ class Stores(RuleBasedStateMachine):
 
     @initialize()
     def start(self):
-        self.clock = Clock()
+        self.clock = FakeClock(T0)
         self.disk = Path(tempfile.mkdtemp(dir=self.root))
         self.sh = make(self.ckpt, self.disk, cap_mib=2.5, clock=self.clock)
         self.model: dict[str, list[int]] = {}
@@ -227,7 +189,7 @@ def test_close_parks_everything_and_a_new_process_finds_it(ckpt, tmp_path):
     disk = tmp_path / "d"
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r})
-        from tests.backends.test_stores import make, ids_for
+        from tests.backends.parking import make, ids_for
         from pathlib import Path
         sh = make(Path({str(ckpt)!r}), Path({str(disk)!r}))
         for i, name in enumerate(["x", "y"]):
@@ -272,7 +234,7 @@ def test_without_a_disk_evicted_sessions_are_dropped_and_read_again(ckpt):
 
 
 def test_ttl_and_disk_cap(ckpt, tmp_path):
-    clock = Clock()
+    clock = FakeClock(T0)
     sh = make(ckpt, tmp_path / "d", clock=clock)
     for i, name in enumerate(["old", "mid", "new"]):
         sh.feed_prompt(name, ids_for(i, 100))
@@ -342,7 +304,7 @@ import os, random, signal, sys, time, json
 sys.path.insert(0, REPO)
 from pathlib import Path
 import torch
-from tests.backends.test_stores import make, ids_for, assert_exact
+from tests.backends.parking import make, ids_for, assert_exact
 
 ckpt, root, trials = Path(CKPT), Path(ROOT), TRIALS
 rng = random.Random(7)

@@ -13,6 +13,7 @@ from shadow.core.errors import BadInput, StoreError, UnknownSession
 from shadow.core.protocols import Stored
 from shadow.core.residency import Residency
 from shadow.core.session import Position, SessionBook
+from tests.conftest import FakeClock
 
 GRID = 64
 
@@ -76,15 +77,6 @@ class Disk:
         return None if f is None else Stored(f[1].nbytes, 0.0, f[0].position())
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        self.t += 1.0  # every use is later than the one before
-        return self.t
-
-
 def residency(disk: Disk | None, cap: int | None, size: int = 100) -> tuple[Residency, list[Tensors]]:
     made: list[Tensors] = []
 
@@ -92,10 +84,11 @@ def residency(disk: Disk | None, cap: int | None, size: int = 100) -> tuple[Resi
         made.append(Tensors(size))
         return made[-1]
 
-    return Residency(GRID, new, Clock(), memory=Memory(), disk=disk, cap_bytes=cap), made
+    return Residency(GRID, new, FakeClock(), memory=Memory(), disk=disk, cap_bytes=cap), made
 
 
 def feed(r: Residency, name: str, n: int, committed: int = 0) -> None:
+    r.clock.advance(1.0)  # every use later than the one before
     with r.using(name, create=True) as (book, _):
         book.feed_prompt(list(range(1, n + 1)))
         book.committed = committed
@@ -107,6 +100,7 @@ def test_past_the_cap_the_least_recently_used_is_parked():
         feed(r, name, 10)
     assert [r.where(n) for n in "abc"] == ["parked", "resident", "resident"]
     assert r.resident_bytes() == 200
+    r.clock.advance(1.0)
     r.restore("a")  # a comes back; b is now the least recently used
     assert [r.where(n) for n in "abc"] == ["resident", "parked", "resident"]
 
