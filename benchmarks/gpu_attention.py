@@ -52,9 +52,9 @@ def child(ckpt: str, variant: str, out: str) -> None:
     sh.read("t")
     sh.feed_prompt("t", ids[:2600] + ids[2800:6000])  # drops part of the answer: a rollback
     sh.read("t")
-    equal, worst, _ = compare(sh.export_state("t"), sh.fresh_state(sh.book("t").ids))
+    equal, worst, _ = compare(sh.export_state("t"), sh.fresh_state(list(sh.session_ids("t"))))
     res["replay_bit_equal"], res["replay_largest_difference"] = equal, worst
-    res["rollbacks"] = sh.book("t").rollbacks
+    res["rollbacks"] = sh.position("t").rollbacks
     # Last-row logits of a 4k prompt, for comparing variants.
     logits = model.forward(torch.tensor(ids[:4096]), model.new_state(), logits_at=[-1])
     torch.save(logits.cpu(), out + ".logits.pt")

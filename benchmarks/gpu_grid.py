@@ -64,28 +64,29 @@ def main() -> None:
             t0 = time.perf_counter()
             chunks = replay(sh512, name, turns)
             replay_s = time.perf_counter() - t0
-            book = sh512.book(name)
+            book = sh512.position(name)
+            ids_held = list(sh512.session_ids(name))
             # The same ids read in one go, as a session's first long prompt is.
-            sh512.feed_prompt(name + "/one-go", book.ids)
+            sh512.feed_prompt(name + "/one-go", ids_held)
             t1 = time.perf_counter()
             reads = sh512.read(name + "/one-go")
             one_go_s = time.perf_counter() - t1
             costs = [r.cost_s * 1e3 for r in reads]
             t2 = time.perf_counter()
-            fresh = sh512.fresh_state(book.ids)
+            fresh = sh512.fresh_state(ids_held)
             fresh_s = time.perf_counter() - t2
             equal, worst, where = compare(sh512.export_state(name), fresh)
             row = {
-                "session": name, "tokens": len(book.ids), "turns": len(turns), "rollbacks": book.rollbacks,
+                "session": name, "tokens": book.length, "turns": len(turns), "rollbacks": book.rollbacks,
                 "ids_reread": book.reread, "chunks_read_turn_by_turn": chunks, "replay_s": replay_s,
                 "tensors_compared": len(fresh), "bit_equal": equal, "largest_difference": worst,
                 "worst_tensor": where, "one_go_read_s": one_go_s, "fresh_prefill_s": fresh_s,
                 "ms_per_chunk_median": statistics.median(costs),
-                "one_go_ms_per_1k_tokens": 1e6 * one_go_s / len(book.ids),
+                "one_go_ms_per_1k_tokens": 1e6 * one_go_s / book.length,
             }
 
             # Another grid: both states at the same committed length (a multiple of 2,048).
-            ids = book.ids[: len(book.ids) // 2048 * 2048]
+            ids = ids_held[: book.length // 2048 * 2048]
             a, b = sh512.fresh_state(ids), sh2048.fresh_state(ids)
             per_kind: dict[str, float] = {}
             for key in a:

@@ -57,7 +57,7 @@ def main() -> None:
             sh.read(name)
             read_s = time.perf_counter() - t0
             before = sh.export_state(name)
-            book = sh.book(name)
+            book = sh.position(name)
             resident = sh.resident_bytes()
             row: dict = {"ids": n, "committed": book.committed, "read_s": read_s, "resident_bytes": resident}
             for attempt in ("page_cache", "cold"):
@@ -65,7 +65,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 sh.park(name)
                 park_s = time.perf_counter() - t0
-                size = sh.disk.info(name)["bytes"]
+                size = sh.disk.info(name).bytes
                 dropped = _drop_caches() if attempt == "cold" else False
                 t0 = time.perf_counter()
                 sh.restore(name)

@@ -115,8 +115,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         status = host.status()
         hold = host.add_hold()  # the idle window stays shut while the state is compared
         sh = container.shadow()
-        book = sh.book("demo")
-        equal, worst, where = compare(sh.export_state("demo"), sh.fresh_state(book.ids))
+        equal, worst, where = compare(sh.export_state("demo"), sh.fresh_state(sh.session_ids("demo")))
         host.release_hold(hold)
     spans = read_jsonl(trace)  # complete: the server's stop flushed the exporter
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from dependency_injector import containers, providers
 
@@ -22,8 +22,25 @@ from shadow.core.errors import BadInput
 from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Shadow
 
+if TYPE_CHECKING:  # concrete types for the checker only: importing them here would import torch
+    from opentelemetry.sdk.trace import TracerProvider
 
-def _model(settings: ShadowSettings) -> Any:
+    from shadow.adapters.prompter import QwenPrompter
+    from shadow.adapters.router import RouterShadow
+    from shadow.adapters.service import ShadowService
+    from shadow.backends.qwen35 import Qwen35
+    from shadow.backends.reader import TorchReader
+    from shadow.backends.schedulers import IdleScheduler, RationedScheduler
+    from shadow.backends.stores import DiskStore, MemoryStore
+    from shadow.core.host import HostActivity
+    from shadow.core.profiles import Profiles
+    from shadow.core.scheduling import Telemetry
+    from shadow.core.slot import Slot
+
+OnOff = Literal["on", "off"]
+
+
+def _model(settings: ShadowSettings) -> Qwen35:
     if not settings.model:
         raise BadInput("QWEN38_SHADOW_MODEL is empty: the shadow is off")
     import torch
@@ -36,7 +53,7 @@ def _model(settings: ShadowSettings) -> Any:
     return Qwen35.from_pretrained(settings.model, device=device, dtype=settings.dtype)
 
 
-def _reader(model: Any, grid: int, fast: str) -> Any:
+def _reader(model: Qwen35, grid: int, fast: str) -> TorchReader:
     from shadow.backends.reader import TorchReader
 
     return TorchReader(model, grid, fast=fast == "on" or (fast == "auto" and model.device.type == "cuda"))
@@ -46,92 +63,103 @@ DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"
 DISK_OFF = ("", "off", "none")
 
 
-def _memory() -> Any:
+def _memory() -> MemoryStore:
     from shadow.backends.stores import MemoryStore
 
     return MemoryStore()
 
 
-def _disk(settings: ShadowSettings, reader: Any) -> Any:
+def _disk_kind(settings: ShadowSettings) -> OnOff:
+    return "off" if settings.disk.strip().lower() in DISK_OFF else "on"
+
+
+def _disk(settings: ShadowSettings, reader: TorchReader) -> DiskStore:
     """Parked files under DISK, one folder per model (by weights hash), so models never touch each
-    other's sessions; None when DISK is off."""
-    if settings.disk.strip().lower() in DISK_OFF:
-        return None
+    other's sessions."""
     from pathlib import Path
 
     from shadow.backends.stores import DiskStore
 
     root = Path(DEFAULT_DISK if settings.disk == "auto" else settings.disk).expanduser()
-    digest = reader.model.weights_hash
+    digest = reader.weights_hash
     return DiskStore(root / digest[:16], reader, digest, max_bytes=int(settings.disk_gb * 2**30))
 
 
-def _cap_bytes(settings: ShadowSettings) -> int:
-    return int(settings.gb * 2**30)
-
-
-def _prompter() -> Any:
+def _prompter() -> QwenPrompter:
     from shadow.adapters.prompter import QwenPrompter
 
     return QwenPrompter()
 
 
+def _shadow(reader: TorchReader, prompter: QwenPrompter, memory: MemoryStore, disk: DiskStore | None,
+            settings: ShadowSettings) -> Shadow:
+    # Concrete types in, protocols out: the checker verifies each backend against its Protocol here.
+    return Shadow(reader, prompter, memory=memory, disk=disk, cap_bytes=int(settings.gb * 2**30))
+
+
 # ---- the service -------------------------------------------------------------------------------
 
 
-def _profiles(settings: ShadowSettings) -> Any:
+def _profiles(settings: ShadowSettings) -> Profiles:
     from shadow.core.profiles import load_profiles
 
     return load_profiles(settings.profiles)
 
 
-def _tracer_provider(settings: ShadowSettings) -> Iterator[Any]:
+def _trace_kind(settings: ShadowSettings) -> OnOff:
+    return "on" if settings.trace_exporters else "off"
+
+
+def _tracer_provider(settings: ShadowSettings) -> Iterator[TracerProvider | None]:
     from shadow.adapters.telemetry import tracer_provider
 
     yield from tracer_provider(settings)
 
 
-def _telemetry(provider: Any, settings: ShadowSettings) -> Any:
+def _telemetry(provider: TracerProvider | None, settings: ShadowSettings) -> Telemetry:
     from shadow.adapters.telemetry import telemetry
 
     return telemetry(provider, settings)
 
 
-def _slot(settings: ShadowSettings, shadow: Callable[[], Shadow], profiles: Any, clock: Callable[[], float]) -> Any:
+def _slot(settings: ShadowSettings, shadow: Callable[[], Shadow], profiles: Profiles,
+          clock: Callable[[], float]) -> Slot:
     from shadow.core.slot import Slot
 
     return Slot(shadow if settings.on else None, model=settings.model, wanted=profiles.any_on,
                 shared_with=("narrator",) if settings.shares_narrator_slot else (), clock=clock)
 
 
-def _router(settings: ShadowSettings, clock: Callable[[], float], telemetry: Any) -> Any:
+def _router(settings: ShadowSettings, clock: Callable[[], float], telemetry: Telemetry) -> RouterShadow:
     from shadow.adapters.router import RouterShadow
 
     return RouterShadow(settings.home / "shadow.jsonl", clock, telemetry)
 
 
-def _idle(slot: Any, activity: Any, telemetry: Any, clock: Callable[[], float], settings: ShadowSettings,
-          router: Any) -> Any:
+def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
+          settings: ShadowSettings, router: RouterShadow) -> IdleScheduler:
     from shadow.backends.schedulers import IdleScheduler
 
     return IdleScheduler(slot, activity, telemetry, clock, window_s=settings.idle_window_s,
                          lock_wait_s=settings.idle_poll_s, questions=router)
 
 
-def _ration(slot: Any, telemetry: Any, clock: Callable[[], float], settings: ShadowSettings) -> Any:
+def _ration(slot: Slot, telemetry: Telemetry, clock: Callable[[], float],
+            settings: ShadowSettings) -> RationedScheduler:
     from shadow.backends.schedulers import RationedScheduler
 
     return RationedScheduler(slot, telemetry, clock, share=settings.ration, slice_s=settings.slice_ms / 1e3)
 
 
-def _activity(clock: Callable[[], float]) -> Any:
+def _activity(clock: Callable[[], float]) -> HostActivity:
     from shadow.core.host import HostActivity
 
     return HostActivity(clock=clock)
 
 
-def _service(settings: ShadowSettings, slot: Any, activity: Any, profiles: Any, idle: Any, ration: Any,
-             telemetry: Any, router: Any, clock: Callable[[], float]) -> Any:
+def _service(settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles, idle: IdleScheduler,
+             ration: RationedScheduler, telemetry: Telemetry, router: RouterShadow,
+             clock: Callable[[], float]) -> ShadowService:
     from shadow.adapters.service import ShadowService
 
     return ShadowService(settings, slot, activity, profiles, idle, ration, telemetry, router, clock=clock)
@@ -143,16 +171,17 @@ class Container(containers.DeclarativeContainer):
     reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast)
     prompter = providers.Singleton(_prompter)
     memory = providers.Singleton(_memory)
-    disk = providers.Singleton(_disk, settings, reader)
-    shadow = providers.Singleton(Shadow, reader=reader, prompter=prompter, memory=memory, disk=disk,
-                                 cap_bytes=providers.Callable(_cap_bytes, settings))
-
+    disk = providers.Selector(providers.Callable(_disk_kind, settings),
+                              on=providers.Singleton(_disk, settings, reader), off=providers.Object(None))
+    shadow = providers.Singleton(_shadow, reader, prompter, memory, disk, settings)
 
     # ---- the service (see the module docstring) ----
     clock = providers.Object(time.monotonic)
     profiles = providers.Singleton(_profiles, settings)
     activity = providers.Singleton(_activity, clock)
-    tracer_provider = providers.Resource(_tracer_provider, settings)
+    tracer_provider = providers.Selector(providers.Callable(_trace_kind, settings),
+                                         on=providers.Resource(_tracer_provider, settings),
+                                         off=providers.Object(None))
     telemetry = providers.Singleton(_telemetry, tracer_provider, settings)
     slot = providers.Singleton(_slot, settings, shadow.provider, profiles, clock)
     router = providers.Singleton(_router, settings, clock, telemetry)

@@ -1,12 +1,28 @@
-"""Shared fixtures: tiny random Qwen3.5 checkpoints in the Hugging Face format, the shared data folder."""
+"""Shared fixtures and helpers: tiny random Qwen3.5 checkpoints in the Hugging Face format, the one
+fake clock, the one polling helper, an in-memory span exporter, containers built from settings with
+providers overridden, the shared data folder, and ``torch.empty`` filled with NaN so that a row never
+written cannot pass as zero."""
 
 from __future__ import annotations
 
+import math
 import os
+import random
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from dependency_injector import providers
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
+from shadow.container import Container, build_container
+from shadow.core.settings import ShadowSettings
 
 if not torch.cuda.is_available():
     # The fast path's Triton kernels run on the CPU under Triton's interpreter, which must be chosen
@@ -15,6 +31,7 @@ if not torch.cuda.is_available():
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+GRID = 64  # the grid of the service tests' settings
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,7 +51,117 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _restore_rng():
+def _restore_rng() -> Iterator[None]:
     state = torch.random.get_rng_state()
     yield
     torch.random.set_rng_state(state)
+
+
+# ---- uninitialised memory reads as NaN -------------------------------------------------------------
+
+_EMPTY, _EMPTY_LIKE = torch.empty, torch.empty_like
+
+
+def _nan(t: torch.Tensor) -> torch.Tensor:
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(math.nan)
+    return t
+
+
+@pytest.fixture(autouse=True)
+def _nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torch.empty``/``empty_like`` give NaN instead of whatever the allocator held (often zeros on
+    a fresh page), so code that reads a row it never wrote fails (as fla's own tests do)."""
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: _nan(_EMPTY(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: _nan(_EMPTY_LIKE(*a, **kw)))
+
+
+# ---- time --------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """A clock that moves only when told: the schedulers' and the stores' time, never a sleep."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> float:
+        self.t += dt
+        return self.t
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def wait_until(ready: Callable[[], object], what: str, timeout_s: float = 120.0, poll_s: float = 0.01) -> None:
+    """Poll ``ready`` until it is true; past ``timeout_s`` fail, naming what never happened."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited {timeout_s:g} s for {what}; it never happened")
+        time.sleep(poll_s)
+
+
+def joined(thread: Any, what: str, timeout_s: float = 30.0) -> None:
+    """Join ``thread``; fail, naming it, when it is still running after ``timeout_s``."""
+    thread.join(timeout_s)
+    if thread.is_alive():
+        pytest.fail(f"{what} still running after {timeout_s:g} s")
+
+
+# ---- the service: a real-vocabulary checkpoint, spans, containers -----------------------------------
+
+
+def ids(n: int, seed: int = 0) -> list[int]:
+    """``n`` random ids of the real vocabulary (below the special tokens)."""
+    rng = random.Random(seed)
+    return [rng.randrange(200, 240_000) for _ in range(n)]
+
+
+class Spans:
+    """An in-memory exporter on a provider of its own (never the process-wide one)."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+
+    def all(self, name: str | None = None) -> list[Any]:
+        return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
+
+    def chunks(self, window: str | None = None) -> list[Any]:
+        return [s for s in self.all("shadow.chunk") if window is None or s.attributes["shadow.window"] == window]
+
+
+@pytest.fixture
+def spans() -> Spans:
+    return Spans()
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("service") / "demo", demo_text_config(),
+                            dtype=torch.float32, seed=0)
+
+
+def make_settings(checkpoint: Path | str, home: Path, **kw: Any) -> ShadowSettings:
+    # A long idle window: a test that counts the chunks of one window must not depend on the machine's
+    # speed (a busy CI box reads a chunk in seconds); the window's own bound has a test of its own.
+    values: dict[str, Any] = dict(model=str(checkpoint), device="cpu", dtype="float32", grid=GRID, disk="off",
+                                  dir=str(home), idle_window_s=60.0)
+    values.update(kw)
+    return ShadowSettings(_env_file=None, **values)
+
+
+def make_container(settings: ShadowSettings, clock: FakeClock | None = None, spans: Spans | None = None) -> Container:
+    c = build_container(settings)
+    if clock is not None:
+        c.clock.override(providers.Object(clock))
+    if spans is not None:
+        c.tracer_provider.override(providers.Object(spans.provider))
+    return c

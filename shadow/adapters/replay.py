@@ -39,7 +39,7 @@ def replay(
         shadow.feed_output(session, turn.output_ids)
         chunks += len(shadow.read(session))
         if progress is not None:
-            progress(i + 1, len(turns), shadow.book(session).committed)
+            progress(i + 1, len(turns), shadow.position(session).committed)
     return chunks
 
 
@@ -68,14 +68,14 @@ def verify(
     progress: Callable[[int, int, int], None] | None = None,
 ) -> ReplayReport:
     chunks = replay(shadow, session, turns, progress)
-    book = shadow.book(session)
-    equal, worst, where = compare(shadow.export_state(session), shadow.fresh_state(book.ids))
+    pos = shadow.position(session)
+    equal, worst, where = compare(shadow.export_state(session), shadow.fresh_state(shadow.session_ids(session)))
     return ReplayReport(
         session,
-        len(book.ids),
+        pos.length,
         len(turns),
-        book.rollbacks,
-        book.reread,
+        pos.rollbacks,
+        pos.reread,
         chunks,
         len(shadow.export_state(session)),
         equal,

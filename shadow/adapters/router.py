@@ -103,11 +103,11 @@ class RouterShadow:
                                                 "gen_ai.conversation.id": q.session,
                                                 "shadow.ask.choices": list(q.choices)}) as span:
             try:
-                book = shadow.book(q.session)
-                held = len(book.ids)
+                pos = shadow.position(q.session)
+                held = pos.length
                 # Exactly at the insertion point while the reader has not passed it; past it, the
                 # fork can only start from the committed rows (extra_ids says how far past).
-                at = q.insertion if book.committed <= q.insertion <= held else None
+                at = q.insertion if pos.committed <= q.insertion <= held else None
                 answer = shadow.ask(q.session, q.question, q.choices, at=at)
             except ShadowError as err:
                 self.failed += 1

@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import Span as OtelSpan
 from opentelemetry.trace import format_span_id, format_trace_id
 
-from shadow.core.scheduling import Window
+from shadow.core.scheduling import Telemetry, Window
 from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import ChunkRead
 
@@ -178,7 +178,7 @@ class SpanTelemetry:
         span.end(end_time=max(end_ns, start_ns))
 
 
-def telemetry(provider: Any, settings: ShadowSettings) -> Any:
+def telemetry(provider: TracerProvider | None, settings: ShadowSettings) -> Telemetry:
     """``SpanTelemetry`` over ``provider``, or ``NullTelemetry`` when traces are off."""
     if provider is None:
         from shadow.core.scheduling import NullTelemetry

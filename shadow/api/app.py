@@ -150,7 +150,7 @@ class ShadowController(Controller):
 
     @get("/status", sync_to_thread=True, summary="The slot, every session's read position, the windows")
     def status(self, service: ShadowService) -> Status:
-        return Status(**service.status())
+        return msgspec.convert(service.status(), Status)
 
     @post("/narrate", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The narrator's summary on top of a session")

@@ -7,6 +7,19 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from .status import (
+    AnswerRecord,
+    HostStatus,
+    IdleLoopStatus,
+    ProfilesStatus,
+    RouterStatus,
+    SessionStatus,
+    SlotStatus,
+    StoreStatus,
+    WhereStatus,
+    WindowsStatus,
+)
+
 MAX_IDS = 1_000_000  # more ids than any prompt a served Qwen takes
 QWEN35_VOCAB = 248_320  # the embedding rows of every Qwen3.5 size (248,077 ids in use, padded)
 
@@ -165,20 +178,20 @@ class Hold(Struct, kw_only=True):
     hold_id: str
 
 
-class Status(Struct, kw_only=True):
-    slot: dict[str, Any]
-    where: dict[str, Any]
-    profiles: dict[str, Any]
-    host: dict[str, Any]
-    windows: dict[str, Any]
-    idle_loop: dict[str, Any]
-    sessions: dict[str, Any]
+class Status(Struct, kw_only=True, forbid_unknown_fields=True):
+    slot: SlotStatus
+    where: WhereStatus
+    profiles: ProfilesStatus
+    host: HostStatus
+    windows: WindowsStatus
+    idle_loop: IdleLoopStatus
+    sessions: dict[str, SessionStatus]
     backlog: int
     bytes: int
     checkpoints: int
-    store: dict[str, Any]
-    router: dict[str, Any] | None
-    answers: list[dict[str, Any]]
+    store: StoreStatus
+    router: RouterStatus | None
+    answers: list[AnswerRecord]
     errors: list[str]
 
 

@@ -9,6 +9,7 @@ above the committed rows and put the conv and recurrent state back.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -63,8 +64,62 @@ class TorchReader:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
+    @property
+    def weights_hash(self) -> str:
+        return self.model.weights_hash
+
+    @property
+    def dtype(self) -> str:
+        return str(self.model.dtype).removeprefix("torch.")
+
     def new_session(self) -> SessionTensors:
         return SessionTensors(self.model.new_state())
+
+    # ---- a session as host tensors (what a parked file holds) ------------------------------
+
+    def serialise(self, book: SessionBook, tensors: SessionTensors) -> dict[str, torch.Tensor]:
+        """Committed KV rows (not the spare capacity), conv and recurrent state, checkpoints."""
+        s = tensors.state
+        if s.length != book.committed:
+            raise ValueError(f"state and book disagree on the committed length: {s.length} != {book.committed}")
+        out: dict[str, torch.Tensor] = {}
+        for j in range(len(s.k)):
+            out[f"k.{j}"] = s.k[j][:s.length].contiguous().cpu()
+            out[f"v.{j}"] = s.v[j][:s.length].contiguous().cpu()
+        for j in range(len(s.conv)):
+            out[f"conv.{j}"] = s.conv[j].cpu()
+            out[f"recurrent.{j}"] = s.recurrent[j].cpu()
+        for pos, (conv, rec) in tensors.checkpoints.items():
+            for j in range(len(conv)):
+                out[f"checkpoint.{pos}.conv.{j}"] = conv[j].cpu()
+                out[f"checkpoint.{pos}.recurrent.{j}"] = rec[j].cpu()
+        return out
+
+    def deserialise(self, book: SessionBook, data: Mapping[str, torch.Tensor]) -> SessionTensors:
+        model = self.model
+        state = model.new_state()
+        rows = book.committed
+        for j in range(len(state.k)):
+            for buf, key in ((state.k, "k"), (state.v, "v")):
+                src = data[f"{key}.{j}"]
+                if src.shape[0] != rows or src.shape[1:] != buf[j].shape[1:]:
+                    raise ValueError(f"{key}.{j} has shape {list(src.shape)}")
+        state.reserve(rows)
+        for j in range(len(state.k)):
+            state.k[j][:rows].copy_(data[f"k.{j}"])
+            state.v[j][:rows].copy_(data[f"v.{j}"])
+        state.length = rows
+        for j in range(len(state.conv)):
+            state.conv[j].copy_(data[f"conv.{j}"])
+            state.recurrent[j].copy_(data[f"recurrent.{j}"])
+        tensors = SessionTensors(state)
+        n = len(state.conv)
+        for pos in book.checkpoints:
+            tensors.checkpoints[pos] = (
+                [data[f"checkpoint.{pos}.conv.{j}"].to(model.device) for j in range(n)],
+                [data[f"checkpoint.{pos}.recurrent.{j}"].to(model.device) for j in range(n)],
+            )
+        return tensors
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -194,7 +249,7 @@ class TorchReader:
             self.read_chunk(book, tensors)
         return self.export(tensors)
 
-    def probabilities(self, logits: torch.Tensor, token_ids: list[int] | tuple[int, ...]) -> list[float]:
+    def probabilities(self, logits: torch.Tensor, token_ids: Sequence[int]) -> list[float]:
         """Softmax over the chosen tokens' logits only, in fp32."""
         picked = logits.float()[torch.tensor(list(token_ids), device=logits.device)]
         return [float(p) for p in torch.softmax(picked, dim=0).cpu()]

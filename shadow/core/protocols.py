@@ -3,15 +3,16 @@ and ``shadow.adapters``; ``shadow.container`` picks them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from .session import SessionBook
+from .session import Position, SessionBook
 
 if TYPE_CHECKING:
     from .host import TurnTimeline
-    from .shadow import ChunkRead
+    from .shadow import ChunkRead, Shadow
 
 Window = Literal["idle", "ration"]
 
@@ -24,10 +25,30 @@ class Reader(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def weights_hash(self) -> str:
+        """A digest of the weights: state read by other weights must never be loaded."""
+        ...
+
+    @property
+    def dtype(self) -> str:
+        """The state's dtype by name (``float32``, ``bfloat16``)."""
+        ...
+
     def new_session(self) -> Any: ...
 
     def warm_up(self) -> float:
         """Prepare what the first chunk would otherwise prepare (captures, compiles); seconds taken."""
+        ...
+
+    def serialise(self, book: SessionBook, tensors: Any) -> dict[str, Any]:
+        """The session's state as host tensors, one stable name each (committed rows only): what a
+        parked file holds. Raises ValueError when ``tensors`` do not hold ``book.committed`` rows."""
+        ...
+
+    def deserialise(self, book: SessionBook, data: Mapping[str, Any]) -> Any:
+        """``serialise``'s inverse, on the reader's device. Raises KeyError or ValueError when
+        ``data`` does not fit this model."""
         ...
 
     def read_chunk(self, book: SessionBook, tensors: Any) -> float: ...
@@ -61,21 +82,33 @@ class Prompter(Protocol):
     def stop_ids(self) -> set[int]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What a store says of one session it holds."""
+
+    bytes: int  # held by the store: device bytes (KV capacity and checkpoints included), or the file's size
+    parked_at: float | None = None  # (disk) when it was written
+    position: Position | None = None  # (disk) the bookkeeping kept beside the state
+
+
 class StateStore(Protocol):
     """Where a session's state lives when it is not in use: ``memory`` (resident on the reader's
-    device) or ``disk`` (parked files). ``get`` returns None for a session the store does not hold,
-    or holds in a form it refuses (corrupt, other weights, other grid, other format), which it then
-    removes; ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written."""
+    device) or ``disk`` (parked files). ``peek`` returns what the store holds and keeps it; ``take``
+    returns it and lets go of it. Both return None for a session the store does not hold, or holds
+    in a form it refuses (corrupt, other weights, other grid, other format), which it then removes;
+    ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written."""
 
     def put(self, name: str, book: SessionBook, tensors: Any) -> int: ...
 
-    def get(self, name: str) -> tuple[SessionBook, Any] | None: ...
+    def peek(self, name: str) -> tuple[SessionBook, Any] | None: ...
+
+    def take(self, name: str) -> tuple[SessionBook, Any] | None: ...
 
     def remove(self, name: str) -> None: ...
 
     def names(self) -> list[str]: ...
 
-    def info(self, name: str) -> dict[str, Any] | None: ...
+    def info(self, name: str) -> Stored | None: ...
 
 
 class Scheduler(Protocol):
@@ -85,6 +118,15 @@ class Scheduler(Protocol):
     window: Window
 
     def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]: ...
+
+
+class Questioner(Protocol):
+    """Questions that wait for the reader to reach a position, answered in the idle window (the
+    router's, in shadow mode). ``answer`` asks the ready ones and stops as soon as ``busy()``."""
+
+    def pending(self, shadow: Shadow) -> bool: ...
+
+    def answer(self, shadow: Shadow, busy: Callable[[], bool]) -> None: ...
 
 
 class Span(Protocol):

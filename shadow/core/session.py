@@ -45,6 +45,30 @@ class Rollback:
     reread: int  # committed rows that must be read again: old committed - resume_at
 
 
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A read-only view of one session's bookkeeping: where its reader stands, nothing to mutate."""
+
+    length: int = 0  # ids held
+    committed: int = 0
+    turns: int = 0
+    checkpoints: tuple[int, ...] = ()
+    rollbacks: int = 0
+    reread: int = 0
+    last_used: float = 0.0
+
+    @property
+    def pending(self) -> int:
+        return self.length - self.committed
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> Position:
+        """From ``SessionBook.meta()`` (as a parked file keeps it)."""
+        return cls(int(meta.get("n_ids", 0)), int(meta.get("committed", 0)), int(meta.get("turns", 0)),
+                   tuple(meta.get("checkpoints", ())), int(meta.get("rollbacks", 0)), int(meta.get("reread", 0)),
+                   float(meta.get("last_used", 0.0)))
+
+
 @dataclass
 class SessionBook:
     grid: int
@@ -64,6 +88,10 @@ class SessionBook:
     def meta(self) -> dict[str, Any]:
         """Everything but the ids, JSON-ready (the ids travel as a tensor beside it)."""
         return {**{k: getattr(self, k) for k in self._META}, "n_ids": len(self.ids)}
+
+    def position(self) -> Position:
+        return Position(len(self.ids), self.committed, self.turns, tuple(self.checkpoints), self.rollbacks,
+                        self.reread, self.last_used)
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any], ids: list[int]) -> SessionBook:

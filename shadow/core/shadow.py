@@ -12,17 +12,16 @@ answer is the softmax over those tokens' logits from that one forward.
 
 from __future__ import annotations
 
-import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BadInput, StoreError, UnknownSession
+from .errors import BadInput
 from .protocols import Prompter, Reader, StateStore
-from .session import SessionBook
+from .residency import Residency
+from .session import Position
 
 MAX_CHOICES = 26
 
@@ -43,22 +42,11 @@ class ChunkRead:
     cost_s: float
 
 
-@dataclass
-class _Entry:
-    where: str  # "resident", "parked" or "dropped"
-    book: SessionBook | None  # None: parked by an earlier process; the book is in its file
-    last_cost_s: float | None = None
-
-
 class Shadow:
     """Sessions fed by a host and read on the grid.
 
-    Resident state lives in ``memory``; past ``cap_bytes`` (counted from the tensors held, KV
-    capacity and checkpoints included) the least recently used session not in use is parked in
-    ``disk``, or dropped and later read again from the start when there is no disk or the write
-    fails. A parked session comes back on its next use. One lock serialises every call, so the
-    session a call uses is never evicted under it; a session larger than the cap is resident
-    while in use and parked as soon as the call ends.
+    Where each session's state lives (resident, parked, dropped; the cap) is the ``Residency``'s;
+    its lock serialises every call here too, so the session a call uses is never evicted under it.
     """
 
     def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic, *,
@@ -67,108 +55,33 @@ class Shadow:
         self.prompter = prompter
         self.clock = clock
         self.grid = reader.grid
-        self.memory = memory
-        self.disk = disk
-        self.cap_bytes = cap_bytes
-        self.park_failures = 0
-        self.last_store_error = ""
-        self._known: dict[str, _Entry] = {}
-        self._in_use: set[str] = set()
-        self._lock = threading.RLock()
-        if disk is not None:  # sessions a planned stop parked, found again
-            for name in disk.names():
-                self._known[name] = _Entry("parked", None)
+        self.residency = Residency(reader.grid, reader.new_session, clock, memory=memory, disk=disk,
+                                   cap_bytes=cap_bytes)
+        self._lock = self.residency.lock
+        self._last_cost_s: dict[str, float] = {}  # per session: the estimate of its next chunk
 
-    # ---- residency -----------------------------------------------------------------------
+    @property
+    def memory(self) -> StateStore:
+        return self.residency.memory
 
-    def _entry(self, session: str) -> _Entry:
-        try:
-            return self._known[session]
-        except KeyError:
-            raise UnknownSession(f"unknown session {session!r}") from None
+    @property
+    def disk(self) -> StateStore | None:
+        return self.residency.disk
 
-    @contextmanager
-    def _using(self, session: str, create: bool = False) -> Iterator[tuple[SessionBook, Any]]:
-        with self._lock:
-            entry = self._known.get(session)
-            if entry is None:
-                if not create:
-                    raise UnknownSession(f"unknown session {session!r}")
-                entry = self._known[session] = _Entry("resident", SessionBook(self.grid))
-            self._in_use.add(session)
-            try:
-                book, tensors = self._make_resident(session, entry)
-                yield book, tensors
-                book.last_used = self.clock()
-            finally:
-                self._in_use.discard(session)
-                self._enforce_cap()
-
-    def _make_resident(self, name: str, entry: _Entry) -> tuple[SessionBook, Any]:
-        held = self.memory.get(name)
-        if held is not None:
-            return held
-        got = self.disk.get(name) if self.disk is not None and entry.where == "parked" else None
-        if got is not None:
-            parked_book, tensors = got
-            book = entry.book if entry.book is not None else parked_book
-        else:
-            book = entry.book if entry.book is not None else SessionBook(self.grid)
-            if book.committed:  # dropped, or its parked file was refused: read the same ids again
-                book.reset_for_reread()
-            tensors = self.reader.new_session()
-        entry.book, entry.where = book, "resident"
-        self.memory.put(name, book, tensors)
-        return book, tensors
-
-    def _evict(self, name: str) -> None:
-        held = self.memory.get(name)
-        if held is None:
-            return
-        book, tensors = held
-        entry = self._known[name]
-        self.memory.remove(name)
-        if self.disk is not None:
-            try:
-                self.disk.put(name, book, tensors)
-                entry.where = "parked"
-                return
-            except StoreError as err:
-                self.park_failures += 1
-                self.last_store_error = str(err)
-        book.reset_for_reread()
-        entry.where = "dropped"
+    @property
+    def cap_bytes(self) -> int | None:
+        return self.residency.cap_bytes
 
     def resident_bytes(self) -> int:
-        return sum((self.memory.info(n) or {}).get("bytes", 0) for n in self.memory.names())
-
-    def _enforce_cap(self) -> None:
-        if self.cap_bytes is None:
-            return
-        total = self.resident_bytes()
-        def last_used(name: str) -> float:
-            book = self._known[name].book
-            return book.last_used if book is not None else 0.0
-
-        idle = sorted((n for n in self.memory.names() if n not in self._in_use), key=last_used)
-        for name in idle:
-            if total <= self.cap_bytes:
-                break
-            total -= (self.memory.info(name) or {}).get("bytes", 0)
-            self._evict(name)
+        return self.residency.resident_bytes()
 
     def restore(self, session: str) -> None:
         """Bring ``session`` back to the device now (from its parked file, or empty to be read again)."""
-        with self._using(session):
-            pass
+        self.residency.restore(session)
 
     def park(self, session: str) -> None:
         """Park (or drop) ``session`` now, whatever the cap."""
-        with self._lock:
-            self._entry(session)
-            if session in self._in_use:
-                raise BadInput(f"session {session!r} is in use")
-            self._evict(session)
+        self.residency.park(session)
 
     # ---- feeding -------------------------------------------------------------------------
 
@@ -190,7 +103,7 @@ class Shadow:
         prompt = self._check_ids(ids, "prompt")
         if not prompt:
             raise BadInput("empty prompt")
-        with self._using(session, create=True) as (book, tensors):
+        with self.residency.using(session, create=True) as (book, tensors):
             rollback = book.feed_prompt(prompt)
             if rollback is not None:
                 self.reader.roll_back(tensors, rollback.resume_at)
@@ -200,40 +113,36 @@ class Shadow:
         """Qwen's output ids, appended after what the session holds."""
         output = self._check_ids(ids, "output")
         with self._lock:
-            entry = self._entry(session)
-            if entry.book is not None and entry.where != "parked":
-                entry.book.feed_output(output)  # bookkeeping only: no need to bring the state back
-                entry.book.last_used = self.clock()
+            book = self.residency.held_book(session)
+            if book is not None:
+                book.feed_output(output)  # bookkeeping only: no need to bring the state back
+                book.last_used = self.clock()
                 return
-        with self._using(session) as (book, _):
+        with self.residency.using(session) as (book, _):
             book.feed_output(output)
 
     # ---- reading -------------------------------------------------------------------------
 
-    def _position(self, name: str) -> tuple[int, int]:
-        """(committed, ids held) of a known session, without bringing it back to the device."""
-        entry = self._known[name]
-        if entry.book is not None:
-            return entry.book.committed, len(entry.book.ids)
-        info = (self.disk.info(name) if self.disk else None) or {}
-        return int(info.get("committed", 0)), int(info.get("n_ids", 0))
+    def position(self, session: str) -> Position:
+        """Where the session's reader stands (a read-only copy); never brings its state back."""
+        return self.residency.position(session)
+
+    def session_ids(self, session: str) -> tuple[int, ...]:
+        """Every id the session holds (a copy): what a fresh prefill to compare with reads."""
+        return self.residency.session_ids(session)
 
     def backlog(self, session: str) -> int:
-        with self._lock:
-            self._entry(session)
-            committed, held = self._position(session)
-            return held - committed
+        return self.residency.position(session).pending
 
     def backlogs(self) -> dict[str, int]:
         """Ids not yet committed, per session (resident or parked): what schedulers poll."""
         with self._lock:
-            return {name: held - committed for name, (committed, held) in
-                    ((n, self._position(n)) for n in self._known)}
+            return {name: self.residency.position(name).pending for name in self.residency.names()}
 
     def committed_rows(self) -> dict[str, int]:
         """Rows read, per session (resident or parked)."""
         with self._lock:
-            return {name: self._position(name)[0] for name in self._known}
+            return {name: self.residency.position(name).committed for name in self.residency.names()}
 
     def sync(self) -> None:
         """Wait for the reader's queued device work (a no-op on the CPU)."""
@@ -255,25 +164,24 @@ class Shadow:
         done: list[ChunkRead] = []
         with self._lock:
             if session is not None:
-                self._entry(session)
+                self.residency.check(session)
                 names = [session]
             else:
                 pending = {n: b for n, b in self.backlogs().items() if b >= self.grid}
-                names = sorted(pending, key=lambda n: (self._known[n].where != "resident", -pending[n]))
+                names = sorted(pending, key=lambda n: (self.residency.where(n) != "resident", -pending[n]))
             for name in names:
-                entry = self._known[name]
                 if self.backlog(name) < self.grid:
                     continue
-                with self._using(name) as (book, tensors):
+                with self.residency.using(name) as (book, tensors):
                     while book.pending >= self.grid:
                         if max_chunks is not None and len(done) >= max_chunks:
                             return done
-                        estimate = entry.last_cost_s or 0.0
+                        estimate = self._last_cost_s.get(name, 0.0)
                         if budget_s is not None and spent + estimate > budget_s:
                             return done
                         first = book.committed
                         cost = self.reader.read_chunk(book, tensors)
-                        entry.last_cost_s = cost
+                        self._last_cost_s[name] = cost
                         spent += cost
                         done.append(ChunkRead(name, first, self.grid, cost))
         return done
@@ -314,10 +222,10 @@ class Shadow:
         unread, so a caller that wants a position asks before the reader passes it."""
         t0 = time.perf_counter()
         with self._lock:
-            self._entry(session)
+            self.residency.check(session)
             tokens = self._choice_tokens(choices)
             q = self._question(question)
-            with self._using(session) as (book, tensors):
+            with self.residency.using(session) as (book, tensors):
                 if at is not None and not book.committed <= at <= len(book.ids):
                     raise BadInput(f"cannot ask at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
@@ -333,65 +241,48 @@ class Shadow:
         if max_new <= 0:
             raise BadInput("max_new must be positive")
         with self._lock:
-            self._entry(session)
+            self.residency.check(session)
             ids = self._question(prompt)
-            with self._using(session) as (book, tensors):
+            with self.residency.using(session) as (book, tensors):
                 return self.reader.fork_decode(book, tensors, ids, max_new, self.prompter.stop_ids)
 
     # ---- state -------------------------------------------------------------------------
 
     def export_state(self, session: str) -> dict[str, Any]:
-        with self._using(session) as (_, tensors):
+        with self.residency.using(session) as (_, tensors):
             return self.reader.export(tensors)
 
     def fresh_state(self, ids: Sequence[int]) -> dict[str, Any]:
         return self.reader.fresh(self._check_ids(ids, "ids"))
 
-    def book(self, session: str) -> SessionBook:
-        with self._lock:
-            entry = self._entry(session)
-            if entry.book is None:
-                with self._using(session) as (book, _):
-                    return book
-            return entry.book
-
     def forget(self, session: str) -> None:
         """Drop everything of ``session``: its resident state, its parked file, its bookkeeping."""
         with self._lock:
-            self._entry(session)
-            if session in self._in_use:
-                raise BadInput(f"session {session!r} is in use")
-            self.memory.remove(session)
-            if self.disk is not None:
-                self.disk.remove(session)
-            del self._known[session]
+            self.residency.forget(session)
+            self._last_cost_s.pop(session, None)
 
     def sessions(self) -> list[str]:
-        with self._lock:
-            return list(self._known)
+        return self.residency.names()
 
     def session_status(self, session: str) -> dict[str, Any] | None:
         """One session's line of ``status()``; None for a session never fed. Cheap enough to ask
         on every decode round: it touches only that session."""
         with self._lock:
-            e = self._known.get(session)
-            if e is None:
+            if session not in self.residency.names():
                 return None
-            parked = (self.disk.info(session) if self.disk is not None else None) or {}
-            resident = self.memory.info(session) or {}
-            src: dict[str, Any] = e.book.meta() if e.book is not None else parked
+            p = self.residency.position(session)
             return {
-                "where": e.where,
-                "ids": src.get("n_ids", 0),
-                "committed": src.get("committed", 0),
-                "backlog": src.get("n_ids", 0) - src.get("committed", 0),
-                "turns": src.get("turns", 0),
-                "checkpoints": list(src.get("checkpoints", [])),
-                "rollbacks": src.get("rollbacks", 0),
-                "reread": src.get("reread", 0),
-                "bytes_resident": resident.get("bytes", 0),
-                "bytes_on_disk": parked.get("bytes", 0) if e.where == "parked" else 0,
-                "last_used": src.get("last_used", 0.0),
+                "where": self.residency.where(session),
+                "ids": p.length,
+                "committed": p.committed,
+                "backlog": p.pending,
+                "turns": p.turns,
+                "checkpoints": list(p.checkpoints),
+                "rollbacks": p.rollbacks,
+                "reread": p.reread,
+                "bytes_resident": self.residency.bytes_resident(session),
+                "bytes_on_disk": self.residency.bytes_on_disk(session),
+                "last_used": p.last_used,
             }
 
     def status(self) -> dict[str, Any]:
@@ -401,13 +292,11 @@ class Shadow:
                 "resident_bytes": self.resident_bytes(),
                 "cap_bytes": self.cap_bytes,
                 "disk": self.disk is not None,
-                "park_failures": self.park_failures,
-                "last_store_error": self.last_store_error,
-                "sessions": {name: self.session_status(name) for name in self._known},
+                "park_failures": self.residency.park_failures,
+                "last_store_error": self.residency.last_store_error,
+                "sessions": {name: self.session_status(name) for name in self.residency.names()},
             }
 
     def close(self) -> None:
         """A planned stop: after the call in flight (the lock), park every resident session."""
-        with self._lock:
-            for name in list(self.memory.names()):
-                self._evict(name)
+        self.residency.close()

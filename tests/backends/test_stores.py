@@ -14,61 +14,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from dependency_injector import providers
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from shadow import ShadowSettings
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
-from shadow.backends.stores import DiskStore
-from shadow.container import build_container
 from shadow.core.errors import StoreError
+from tests.conftest import FakeClock
 
-VOCAB = 248320
-MIB = 2**20
+from .parking import T0, assert_exact, ids_for, make
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("stores") / "model", demo_text_config(), dtype=torch.float32)
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make(ckpt: Path, disk: Path | None, cap_mib: float = 64, clock: Clock | None = None,
-         disk_mib: float = 1024, grid: int = 64):
-    s = ShadowSettings(_env_file=None, model=str(ckpt), device="cpu", dtype="float32", grid=grid,
-                       gb=cap_mib / 1024, disk=str(disk) if disk else "off", disk_gb=disk_mib / 1024)
-    c = build_container(s)
-    if disk is not None:
-        reader = c.reader()
-        c.disk.override(providers.Singleton(DiskStore, disk, reader, reader.model.weights_hash,
-                                            max_bytes=int(disk_mib * MIB), clock=clock or Clock()))
-    return c.shadow()
-
-
-def ids_for(seed: int, n: int) -> list[int]:
-    r = random.Random(seed)
-    return [r.randrange(VOCAB) for _ in range(n)]
-
-
-def assert_exact(sh, name: str) -> None:
-    """Read what is pending, then every tensor must equal a fresh prefill of the session's ids."""
-    sh.read(name)
-    book = sh.book(name)
-    got, want = sh.export_state(name), sh.fresh_state(book.ids)
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.equal(got[k], want[k]), f"{name}: {k} differs from a fresh prefill"
 
 
 # ---- the state machine --------------------------------------------------------------------
@@ -82,7 +43,7 @@ class Stores(RuleBasedStateMachine):
 
     @initialize()
     def start(self):
-        self.clock = Clock()
+        self.clock = FakeClock(T0)
         self.disk = Path(tempfile.mkdtemp(dir=self.root))
         self.sh = make(self.ckpt, self.disk, cap_mib=2.5, clock=self.clock)
         self.model: dict[str, list[int]] = {}
@@ -144,7 +105,7 @@ class Stores(RuleBasedStateMachine):
     @invariant()
     def every_session_exact(self):
         for name, ids in self.model.items():
-            assert self.sh.book(name).ids == ids
+            assert list(self.sh.session_ids(name)) == ids
             assert_exact(self.sh, name)
         assert self.sh.resident_bytes() <= self.sh.cap_bytes
 
@@ -211,7 +172,7 @@ def test_bad_file_refused_removed_and_read_again(ckpt, tmp_path, case):
     TAMPER[case](file)
     assert_exact(sh, "s")  # in this process: the file is refused and the ids are read again
     assert not file.exists()
-    assert sh.disk.refused and sh.book("s").committed == 320
+    assert sh.disk.refused and sh.position("s").committed == 320
     # A new process refuses it too (at start when the header shows it, else when it is loaded);
     # the host's next prompt then reads the session again.
     sh2, _, file2 = _parked(ckpt, tmp_path / "e")
@@ -220,7 +181,7 @@ def test_bad_file_refused_removed_and_read_again(ckpt, tmp_path, case):
     sh3 = make(ckpt, tmp_path / "e")
     sh3.feed_prompt("s", ids_for(1, 300) + ids_for(2, 70))
     assert not file2.exists() and sh3.disk.refused
-    assert sh3.book("s").rollbacks == 0 and sh3.book("s").turns == 1  # a new book: nothing was loaded
+    assert sh3.position("s").rollbacks == 0 and sh3.position("s").turns == 1  # a new book: nothing was loaded
     assert_exact(sh3, "s")
 
 
@@ -228,7 +189,7 @@ def test_close_parks_everything_and_a_new_process_finds_it(ckpt, tmp_path):
     disk = tmp_path / "d"
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r})
-        from tests.backends.test_stores import make, ids_for
+        from tests.backends.parking import make, ids_for
         from pathlib import Path
         sh = make(Path({str(ckpt)!r}), Path({str(disk)!r}))
         for i, name in enumerate(["x", "y"]):
@@ -240,7 +201,7 @@ def test_close_parks_everything_and_a_new_process_finds_it(ckpt, tmp_path):
     sh = make(ckpt, disk)
     assert sorted(sh.sessions()) == ["x", "y"]
     assert sh.status()["sessions"]["y"]["where"] == "parked"
-    assert sh.book("y").ids == ids_for(1, 300) and sh.book("y").committed == 256
+    assert list(sh.session_ids("y")) == ids_for(1, 300) and sh.position("y").committed == 256
     for name in ("x", "y"):
         assert_exact(sh, name)
 
@@ -267,20 +228,20 @@ def test_without_a_disk_evicted_sessions_are_dropped_and_read_again(ckpt):
         sh.feed_prompt(name, ids_for(ord(name), 200))
         sh.read()
     assert sh.status()["sessions"]["a"]["where"] == "dropped"
-    assert sh.book("a").committed == 0 and sh.book("a").reread == 192
+    assert sh.position("a").committed == 0 and sh.position("a").reread == 192
     sh.read("a")
     assert_exact(sh, "a")
 
 
 def test_ttl_and_disk_cap(ckpt, tmp_path):
-    clock = Clock()
+    clock = FakeClock(T0)
     sh = make(ckpt, tmp_path / "d", clock=clock)
     for i, name in enumerate(["old", "mid", "new"]):
         sh.feed_prompt(name, ids_for(i, 100))
         sh.read(name)
         sh.park(name)
         if name == "old":  # a cap of two and a half files of this size
-            sh.disk.max_bytes = int(2.5 * sh.disk.info("old")["bytes"])
+            sh.disk.max_bytes = int(2.5 * sh.disk.info("old").bytes)
         clock.t += 60
     # Three files under a cap for two and a half: the oldest went first.
     assert sorted(sh.disk.names()) == ["mid", "new"]
@@ -326,7 +287,7 @@ def test_disk_full_drops_cleanly_and_keeps_serving(ckpt, tmp_path):
         assert_exact(sh, "s")
         if limit is None:  # the store itself says why, and leaves nothing behind
             with pytest.raises(StoreError, match="could not park"):
-                sh.disk.put("t", sh.book("s"), sh.memory.get("s")[1])
+                sh.disk.put("t", *sh.memory.peek("s"))
             assert list(full.iterdir()) == []
     finally:
         if mounted:
@@ -343,7 +304,7 @@ import os, random, signal, sys, time, json
 sys.path.insert(0, REPO)
 from pathlib import Path
 import torch
-from tests.backends.test_stores import make, ids_for, assert_exact
+from tests.backends.parking import make, ids_for, assert_exact
 
 ckpt, root, trials = Path(CKPT), Path(ROOT), TRIALS
 rng = random.Random(7)
@@ -383,7 +344,7 @@ for trial in range(trials):
             parked = set(sh.disk.names())
             for name in sh.sessions():
                 # (a session whose file was refused or never written is simply absent: read again by the host)
-                ids = sh.book(name).ids
+                ids = list(sh.session_ids(name))
                 assert ids[: 150 + 40 * "abc".index(name)] == ids_for("abc".index(name), 150 + 40 * "abc".index(name))
                 sh.read(name)
                 assert_exact(sh, name)

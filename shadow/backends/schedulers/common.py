@@ -13,7 +13,7 @@ def backlogs(shadow: Shadow) -> dict[str, int]:
 
 def backlog_after(shadow: Shadow, chunk: ChunkRead) -> int:
     """The chunk's session's backlog once the chunk is read (the session is resident: it was just read)."""
-    return shadow.book(chunk.session).pending
+    return shadow.position(chunk.session).pending
 
 
 def read_one(shadow: Shadow, session: str | None) -> tuple[ChunkRead | None, int, int]:

@@ -17,10 +17,9 @@ One ``step`` is one look (the service's loop looks every 0.2 s):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Protocol
 
 from shadow.core.host import IDLE_RANK, HostActivity, TurnTimeline
+from shadow.core.protocols import Questioner
 from shadow.core.scheduling import IDLE_WINDOW_S, Clock, NullTelemetry, Telemetry, Window
 from shadow.core.shadow import ChunkRead, Shadow
 from shadow.core.slot import Slot
@@ -28,20 +27,12 @@ from shadow.core.slot import Slot
 from .common import backlog_after, backlogs, read_one
 
 
-class Questions(Protocol):
-    """Questions the idle window answers once the reader has reached them."""
-
-    def pending(self, shadow: Shadow) -> bool: ...
-
-    def answer(self, shadow: Shadow, busy: Callable[[], bool]) -> None: ...
-
-
 class IdleScheduler:
     window: Window = "idle"
 
     def __init__(self, slot: Slot, activity: HostActivity, telemetry: Telemetry | None = None,
                  clock: Clock = time.monotonic, window_s: float = IDLE_WINDOW_S, lock_wait_s: float = 0.2,
-                 questions: Questions | None = None) -> None:
+                 questions: Questioner | None = None) -> None:
         self.slot = slot
         self.activity = activity
         self.telemetry = telemetry or NullTelemetry()

@@ -27,10 +27,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from shadow.core.errors import StoreError
-from shadow.core.session import SessionBook
-
-from ..qwen35 import KV_STEP, ModelState
-from ..reader import SessionTensors, TorchReader
+from shadow.core.protocols import Reader, Stored
+from shadow.core.session import Position, SessionBook
 
 FORMAT_VERSION = "shadow-session-1"
 LAYOUT = {
@@ -72,7 +70,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 class DiskStore:
-    def __init__(self, root: str | Path, reader: TorchReader, weights_hash: str, *, max_bytes: int,
+    def __init__(self, root: str | Path, reader: Reader, weights_hash: str, *, max_bytes: int,
                  ttl_s: float = 48 * 3600, clock: Callable[[], float] = time.time) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -89,9 +87,8 @@ class DiskStore:
 
     @property
     def _identity(self) -> dict[str, str]:
-        model = self.reader.model
         return {"format": FORMAT_VERSION, "weights_hash": self.weights_hash, "grid": str(self.reader.grid),
-                "dtype": str(model.dtype).removeprefix("torch.")}
+                "dtype": self.reader.dtype}
 
     def _path(self, name: str) -> Path:
         return self.root / (hashlib.sha256(name.encode()).hexdigest()[:40] + SUFFIX)
@@ -141,9 +138,9 @@ class DiskStore:
     def names(self) -> list[str]:
         return list(self._index)
 
-    def info(self, name: str) -> dict[str, Any] | None:
+    def info(self, name: str) -> Stored | None:
         e = self._index.get(name)
-        return None if e is None else {"bytes": e["bytes"], "parked_at": e["parked_at"], **e["book"]}
+        return None if e is None else Stored(e["bytes"], e["parked_at"], Position.from_meta(e["book"]))
 
     def total_bytes(self) -> int:
         return sum(e["bytes"] for e in self._index.values())
@@ -155,26 +152,9 @@ class DiskStore:
 
     # ---- one session ----------------------------------------------------------------------
 
-    def _tensors(self, book: SessionBook, st: SessionTensors) -> dict[str, torch.Tensor]:
-        s = st.state
-        out: dict[str, torch.Tensor] = {"ids": torch.tensor(book.ids, dtype=torch.int32)}
-        for j in range(len(s.k)):
-            out[f"k.{j}"] = s.k[j][:s.length].contiguous().cpu()
-            out[f"v.{j}"] = s.v[j][:s.length].contiguous().cpu()
-        for j in range(len(s.conv)):
-            out[f"conv.{j}"] = s.conv[j].cpu()
-            out[f"recurrent.{j}"] = s.recurrent[j].cpu()
-        for pos, (conv, rec) in st.checkpoints.items():
-            for j in range(len(conv)):
-                out[f"checkpoint.{pos}.conv.{j}"] = conv[j].cpu()
-                out[f"checkpoint.{pos}.recurrent.{j}"] = rec[j].cpu()
-        return out
-
-    def put(self, name: str, book: SessionBook, tensors: SessionTensors) -> int:
+    def put(self, name: str, book: SessionBook, tensors: Any) -> int:
         """Park ``name``; returns the file's size. Raises StoreError, leaving no partial file."""
-        if tensors.state.length != book.committed:
-            raise ValueError("state and book disagree on the committed length")
-        data = self._tensors(book, tensors)
+        data = {"ids": torch.tensor(book.ids, dtype=torch.int32), **self.reader.serialise(book, tensors)}
         now = self.clock()
         meta = {**self._identity, "session": name, "parked_at": repr(now), "book": json.dumps(book.meta()),
                 "layout": json.dumps(LAYOUT), "checksum": _checksum(data)}
@@ -197,8 +177,15 @@ class DiskStore:
         self.sweep()
         return size
 
-    def get(self, name: str) -> tuple[SessionBook, SessionTensors] | None:
-        """The parked session, restored to the reader's device; None if absent or refused."""
+    def peek(self, name: str) -> tuple[SessionBook, Any] | None:
+        """A copy of the parked session on the reader's device; the file stays. None if absent or refused."""
+        return self._load(name, keep=True)
+
+    def take(self, name: str) -> tuple[SessionBook, Any] | None:
+        """The parked session, restored to the reader's device; its file goes. None if absent or refused."""
+        return self._load(name, keep=False)
+
+    def _load(self, name: str, keep: bool) -> tuple[SessionBook, Any] | None:
         e = self._index.pop(name, None)
         if e is None:
             return None
@@ -217,35 +204,12 @@ class DiskStore:
             return None
         book = SessionBook.from_meta(json.loads(meta["book"]), data["ids"].tolist())
         try:
-            tensors = self._rebuild(book, data)
+            tensors = self.reader.deserialise(book, data)
         except (KeyError, RuntimeError, ValueError) as err:
             self._refuse(path, f"does not fit this model: {err}")
             return None
-        path.unlink(missing_ok=True)  # the session lives on the device again; its file is stale from here
+        if keep:
+            self._index[name] = e
+        else:
+            path.unlink(missing_ok=True)  # the session lives on the device again; its file is stale from here
         return book, tensors
-
-    def _rebuild(self, book: SessionBook, data: dict[str, torch.Tensor]) -> SessionTensors:
-        model = self.reader.model
-        state = ModelState.empty(model.config, model.device, model.dtype)
-        rows = book.committed
-        cap = -(-rows // KV_STEP) * KV_STEP
-        for j in range(len(state.k)):
-            for buf, key in ((state.k, "k"), (state.v, "v")):
-                src = data[f"{key}.{j}"]
-                if src.shape[0] != rows or src.shape[1:] != buf[j].shape[1:]:
-                    raise ValueError(f"{key}.{j} has shape {list(src.shape)}")
-                grown = torch.empty(cap, *buf[j].shape[1:], device=model.device, dtype=model.dtype)
-                grown[:rows].copy_(src)
-                buf[j] = grown
-        state.length = rows
-        for j in range(len(state.conv)):
-            state.conv[j].copy_(data[f"conv.{j}"])
-            state.recurrent[j].copy_(data[f"recurrent.{j}"])
-        tensors = SessionTensors(state)
-        for pos in book.checkpoints:
-            n = len(state.conv)
-            tensors.checkpoints[pos] = (
-                [data[f"checkpoint.{pos}.conv.{j}"].to(model.device) for j in range(n)],
-                [data[f"checkpoint.{pos}.recurrent.{j}"].to(model.device) for j in range(n)],
-            )
-        return tensors

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from shadow.core.protocols import Stored
 from shadow.core.session import SessionBook
 
 from ..reader import SessionTensors
@@ -17,8 +16,11 @@ class MemoryStore:
         self._held[name] = (book, tensors)
         return tensors.nbytes()
 
-    def get(self, name: str) -> tuple[SessionBook, SessionTensors] | None:
+    def peek(self, name: str) -> tuple[SessionBook, SessionTensors] | None:
         return self._held.get(name)
+
+    def take(self, name: str) -> tuple[SessionBook, SessionTensors] | None:
+        return self._held.pop(name, None)
 
     def remove(self, name: str) -> None:
         self._held.pop(name, None)
@@ -26,9 +28,9 @@ class MemoryStore:
     def names(self) -> list[str]:
         return list(self._held)
 
-    def info(self, name: str) -> dict[str, Any] | None:
+    def info(self, name: str) -> Stored | None:
         held = self._held.get(name)
-        return None if held is None else {"bytes": held[1].nbytes()}
+        return None if held is None else Stored(held[1].nbytes())
 
     def nbytes(self, name: str) -> int:
         """Bytes the session holds on the device now (KV capacity and checkpoints included)."""

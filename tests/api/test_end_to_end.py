@@ -4,9 +4,7 @@ JSONL exporter wrote: one per chunk with the attributes the issue names, costs t
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,20 +14,11 @@ from shadow.adapters.transcripts import demo_transcript, render_turns
 from shadow.api.app import create_app
 from shadow.api.client import ShadowClient, ShadowHTTPError
 from shadow.api.server import BackgroundServer
+from tests.conftest import GRID, make_container, make_settings, wait_until
 
-from .conftest import make_container, make_settings
-
-GRID = 64
 CHUNK_ATTRIBUTES = {"gen_ai.conversation.id", "gen_ai.request.model", "gen_ai.usage.input_tokens",
                     "shadow.window", "shadow.chunk.first_row", "shadow.chunk.rows", "shadow.chunk.device_ms",
                     "shadow.backlog_after"}
-
-
-def wait_for(ready: Any, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_a_host_feeds_a_real_session_over_http_and_the_spans_match(checkpoint: Path, tmp_path: Path) -> None:
@@ -40,9 +29,9 @@ def test_a_host_feeds_a_real_session_over_http_and_the_spans_match(checkpoint: P
     container = make_container(settings)
     with BackgroundServer(create_app(container)) as server, ShadowClient(server.url) as host:
         assert server.port != settings.port and server.host == "127.0.0.1"
-        wait_for(lambda: host.status()["slot"]["state"] == "loaded")
+        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load")
         reports = replay_timeline(host, "demo", turns, GRID, speed=5.0)
-        wait_for(lambda: host.status()["sessions"]["demo"]["backlog"] < GRID)
+        wait_until(lambda: host.status()["sessions"]["demo"]["backlog"] < GRID, "the idle window to catch up")
         answer = host.ask("demo", "Did the agent finish? A: yes, B: no. Answer with the letter.", ["A", "B"])
         status = host.status()
         with pytest.raises(ShadowHTTPError) as err:

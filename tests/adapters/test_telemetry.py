@@ -117,7 +117,7 @@ def test_shadow_serve_runs_from_settings(tmp_path: Path) -> None:
                 break
             except httpx.TransportError:
                 assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-                assert time.monotonic() < deadline
+                assert time.monotonic() < deadline, "shadow serve did not answer within 60 s"
                 time.sleep(0.05)
         assert r.status_code == 200 and r.json()["slot"]["state"] == "off" and r.json()["where"]["port"] == port
         assert httpx.get(f"http://127.0.0.1:{port}/schema/openapi.json").json()["info"]["title"] == "shadow"

@@ -12,9 +12,7 @@ from litestar.testing import TestClient
 
 from shadow.adapters.tokens import get_tokens
 from shadow.api.app import BASE, create_app
-
-from .conftest import FakeClock, Spans, make_container, make_settings
-from .test_schedulers import GRID, ids
+from tests.conftest import GRID, FakeClock, Spans, ids, make_container, make_settings
 
 QUESTION = "Did the agent finish? A: yes, B: no. Answer with the letter."
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from shadow.core.errors import BadInput
 from shadow.core.host import IDLE_RANK, HostActivity, RankedLock, TurnTimeline, UnknownRequest
 from shadow.core.scheduling import IdleLoop, fits, ration_budget
-
-from .conftest import FakeClock
+from tests.conftest import FakeClock, joined, wait_until
 
 
 def test_ranked_lock_serves_lowest_rank_first_then_arrival_order() -> None:
@@ -27,12 +25,11 @@ def test_ranked_lock_serves_lowest_rank_first_then_arrival_order() -> None:
         t = threading.Thread(target=take)
         t.start()
         threads.append(t)
-        while lock.waiting() < len(threads):
-            time.sleep(0.001)
+        wait_until(lambda: lock.waiting() >= len(threads), f"{name} to queue on the lock", 10, poll_s=0.001)
     assert lock.waiting() == 4 and lock.waiting(below_rank=IDLE_RANK) == 3
     lock.release()
     for t in threads:
-        t.join(5)
+        joined(t, "a thread queued on the lock", 5)
     assert order == ["req-a", "req-b", "summary", "idle"]
 
 
@@ -89,11 +86,10 @@ def test_engine_lock_waiters_count_as_waiting() -> None:
     a.engine_lock.acquire(0)
     t = threading.Thread(target=lambda: (a.engine_lock.acquire(0), a.engine_lock.release()))
     t.start()
-    while a.engine_lock.waiting() == 0:
-        time.sleep(0.001)
+    wait_until(lambda: a.engine_lock.waiting() > 0, "the thread to queue on the engine lock", 10, poll_s=0.001)
     assert a.waiting() == 1 and a.busy()
     a.engine_lock.release()
-    t.join(5)
+    joined(t, "the thread queued on the engine lock", 5)
     assert not a.busy() and a.out_of_the_way(timeout=1)
 
 
@@ -130,6 +126,6 @@ def test_idle_loop_steps_until_stopped() -> None:
 
     loop = IdleLoop(step, poll_s=0.001, on_error=errors.append)
     loop.start()
-    assert seen.wait(5)
+    assert seen.wait(5), "the idle loop did not step three times in 5 s"
     loop.stop()
     assert not loop.running and len(errors) == 1 and loop.ticks >= 3

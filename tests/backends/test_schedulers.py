@@ -6,7 +6,6 @@ patched. Costs are the reader's own measurements; the clock only moves when a te
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Mapping
@@ -22,15 +21,7 @@ from shadow.backends.schedulers import RationedScheduler
 from shadow.core.host import HostActivity, RankedLock
 from shadow.core.scheduling import Window
 from shadow.core.shadow import ChunkRead
-
-from .conftest import FakeClock, Spans, make_container, make_settings
-
-GRID = 64
-
-
-def ids(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(200, 240_000) for _ in range(n)]
+from tests.conftest import GRID, FakeClock, Spans, ids, joined, make_container, make_settings, wait_until
 
 
 def loaded(checkpoint: Path, tmp_path: Path, clock: FakeClock | None, spans: Spans | None, **kw: Any) -> Any:
@@ -119,13 +110,12 @@ def test_a_request_on_another_thread_waits_for_the_chunk_in_flight_only(checkpoi
     svc.feed_prompt("s", ids(120 * GRID))
     reader = threading.Thread(target=svc.idle_step)
     reader.start()
-    while not spans.chunks():
-        time.sleep(0.001)
+    wait_until(spans.chunks, "the idle window's first chunk", poll_s=0.001)
     arrived = time.time_ns()
     svc.arrived("r1")
     assert c.activity().out_of_the_way(timeout=10)  # the barrier a request passes before its prefill
     through = time.time_ns()
-    reader.join(10)
+    joined(reader, "the idle window's thread")
     chunks = spans.chunks("idle")
     after = [s for s in chunks if s.start_time > arrived]
     assert len(after) <= 1, "a chunk started after the request came, besides the one already deciding"

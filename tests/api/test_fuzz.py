@@ -5,7 +5,6 @@ and answers."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,7 @@ from schemathesis.specs.openapi.checks import (
 from shadow.api.app import create_app
 from shadow.api.client import ShadowClient
 from shadow.api.server import BackgroundServer
-
-from .conftest import make_container, make_settings
-from .test_schedulers import GRID, ids
+from tests.conftest import GRID, ids, make_container, make_settings, wait_until
 
 CONTROL = "control-9f1c27d3"  # a name the fuzzer will not guess
 QUESTION = "Did the agent finish? A: yes, B: no. Answer with the letter."
@@ -38,10 +35,7 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     home = tmp_path_factory.mktemp("fuzz")
     settings = make_settings(checkpoint, home, max_body_kb=64, idle_poll_s=0.05, idle_window_s=0.5)
     with BackgroundServer(create_app(make_container(settings))) as server, ShadowClient(server.url) as host:
-        deadline = time.monotonic() + 120
-        while host.status()["slot"]["state"] != "loaded":
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load")
         prompt, output = ids(5 * GRID + 11, 21), ids(40, 22)
         host.feed_prompt(CONTROL, prompt)
         host.feed_output(CONTROL, output)
@@ -102,9 +96,8 @@ def test_nothing_lost(served: dict[str, Any]) -> None:
     status = host.status()
     assert status["errors"] == []
     assert status["sessions"][CONTROL]["ids"] == len(served["ids"])
-    deadline = time.monotonic() + 120
-    while host.status()["sessions"][CONTROL]["backlog"] >= GRID and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: host.status()["sessions"][CONTROL]["backlog"] < GRID, "the idle window to read the control",
+               poll_s=0.05)
     assert host.status()["sessions"][CONTROL]["committed"] == len(served["ids"]) // GRID * GRID
     answer = host.ask(CONTROL, QUESTION, ["A", "B"])
     assert answer["behind"] == len(served["ids"]) % GRID

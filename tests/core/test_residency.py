@@ -1,0 +1,208 @@
+"""Residency on its own: the cap, least-recently-used parking, dropping, positions read without a
+restore. The stores here are pure-Python dicts with the ``StateStore`` shape; the tensors are a
+byte count. (Parking real tensors on a real disk is tested in tests/backends/test_stores.py.)"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import pytest
+
+from shadow.core.errors import BadInput, StoreError, UnknownSession
+from shadow.core.protocols import Stored
+from shadow.core.residency import Residency
+from shadow.core.session import Position, SessionBook
+from tests.conftest import FakeClock
+
+GRID = 64
+
+
+@dataclass(eq=False)
+class Tensors:
+    nbytes: int
+
+
+class Memory:
+    def __init__(self) -> None:
+        self.held: dict[str, tuple[SessionBook, Tensors]] = {}
+
+    def put(self, name: str, book: SessionBook, tensors: Tensors) -> int:
+        self.held[name] = (book, tensors)
+        return tensors.nbytes
+
+    def peek(self, name: str) -> tuple[SessionBook, Tensors] | None:
+        return self.held.get(name)
+
+    def take(self, name: str) -> tuple[SessionBook, Tensors] | None:
+        return self.held.pop(name, None)
+
+    def remove(self, name: str) -> None:
+        self.held.pop(name, None)
+
+    def names(self) -> list[str]:
+        return list(self.held)
+
+    def info(self, name: str) -> Stored | None:
+        held = self.held.get(name)
+        return None if held is None else Stored(held[1].nbytes)
+
+
+@dataclass
+class Disk:
+    files: dict[str, tuple[SessionBook, Tensors]] = field(default_factory=dict)
+    full: bool = False
+
+    def put(self, name: str, book: SessionBook, tensors: Tensors) -> int:
+        if self.full:
+            raise StoreError(f"could not park session {name!r}: the disk is full")
+        self.files[name] = (copy.deepcopy(book), tensors)  # a file holds a copy, not the live book
+        return tensors.nbytes
+
+    def peek(self, name: str) -> tuple[SessionBook, Tensors] | None:
+        f = self.files.get(name)
+        return None if f is None else (copy.deepcopy(f[0]), f[1])
+
+    def take(self, name: str) -> tuple[SessionBook, Tensors] | None:
+        return self.files.pop(name, None)
+
+    def remove(self, name: str) -> None:
+        self.files.pop(name, None)
+
+    def names(self) -> list[str]:
+        return list(self.files)
+
+    def info(self, name: str) -> Stored | None:
+        f = self.files.get(name)
+        return None if f is None else Stored(f[1].nbytes, 0.0, f[0].position())
+
+
+def residency(disk: Disk | None, cap: int | None, size: int = 100) -> tuple[Residency, list[Tensors]]:
+    made: list[Tensors] = []
+
+    def new() -> Tensors:
+        made.append(Tensors(size))
+        return made[-1]
+
+    return Residency(GRID, new, FakeClock(), memory=Memory(), disk=disk, cap_bytes=cap), made
+
+
+def feed(r: Residency, name: str, n: int, committed: int = 0) -> None:
+    r.clock.advance(1.0)  # every use later than the one before
+    with r.using(name, create=True) as (book, _):
+        book.feed_prompt(list(range(1, n + 1)))
+        book.committed = committed
+
+
+def test_past_the_cap_the_least_recently_used_is_parked():
+    r, _ = residency(Disk(), cap=250)
+    for name in "abc":
+        feed(r, name, 10)
+    assert [r.where(n) for n in "abc"] == ["parked", "resident", "resident"]
+    assert r.resident_bytes() == 200
+    r.clock.advance(1.0)
+    r.restore("a")  # a comes back; b is now the least recently used
+    assert [r.where(n) for n in "abc"] == ["resident", "parked", "resident"]
+
+
+def test_a_session_in_use_is_never_evicted_and_an_oversized_one_parks_after_use():
+    r, _ = residency(Disk(), cap=50)
+    with r.using("big", create=True) as (book, _):
+        book.feed_prompt([1, 2, 3])
+        assert r.where("big") == "resident"
+        with pytest.raises(BadInput, match="'big' is in use"):
+            r.park("big")
+        with pytest.raises(BadInput, match="'big' is in use"):
+            r.forget("big")
+    assert r.where("big") == "parked" and r.resident_bytes() == 0
+
+
+def test_a_parked_session_comes_back_with_its_own_tensors():
+    disk = Disk()
+    r, made = residency(disk, cap=None)
+    feed(r, "s", 200, committed=128)
+    r.park("s")
+    assert r.where("s") == "parked" and "s" in disk.files
+    with r.using("s") as (book, tensors):
+        assert tensors is made[0] and book.committed == 128
+    assert len(made) == 1 and "s" not in disk.files
+
+
+def test_without_a_disk_an_evicted_session_is_dropped_and_read_again():
+    r, made = residency(None, cap=150)
+    feed(r, "a", 200, committed=192)
+    feed(r, "b", 10)
+    assert r.where("a") == "dropped"
+    assert r.position("a") == Position(200, 0, 1, (), 0, 192, r.position("a").last_used)
+    with r.using("a") as (book, tensors):
+        assert tensors is made[2] and book.committed == 0 and book.reread == 192
+
+
+def test_a_failed_park_drops_the_session_and_says_why():
+    r, _ = residency(Disk(full=True), cap=None)
+    feed(r, "s", 100, committed=64)
+    r.park("s")
+    assert r.where("s") == "dropped" and r.park_failures == 1
+    assert "could not park session 's': the disk is full" in r.last_store_error
+    assert r.position("s").committed == 0 and r.position("s").reread == 64
+
+
+def test_position_never_restores():
+    disk = Disk()
+    r, _ = residency(disk, cap=None)
+    feed(r, "s", 300, committed=256)
+    r.park("s")
+    pos = r.position("s")
+    assert (pos.length, pos.committed, pos.pending, pos.turns) == (300, 256, 44, 1)
+    assert r.where("s") == "parked" and r.memory.names() == [] and "s" in disk.files
+    # A session a planned stop parked, found by a new process: its position comes from the file.
+    r2, made2 = residency(disk, cap=None)
+    assert r2.names() == ["s"] and r2.position("s") == pos
+    assert r2.where("s") == "parked" and made2 == [] and "s" in disk.files
+
+
+def test_the_view_and_the_ids_are_copies():
+    r, _ = residency(None, cap=None)
+    feed(r, "s", 5)
+    pos, ids = r.position("s"), r.session_ids("s")
+    assert ids == (1, 2, 3, 4, 5)
+    with pytest.raises(AttributeError):
+        pos.committed = 64  # type: ignore[misc]
+    feed(r, "s", 7)
+    assert pos.length == 5 and ids == (1, 2, 3, 4, 5) and r.position("s").length == 7
+
+
+def test_the_ids_of_a_session_parked_by_an_earlier_process():
+    disk = Disk()
+    r, _ = residency(disk, cap=None)
+    feed(r, "s", 70, committed=64)
+    r.close()
+    assert r.where("s") == "parked"
+    r2, _ = residency(disk, cap=None)
+    assert r2.session_ids("s") == tuple(range(1, 71))
+
+
+def test_unknown_and_forgotten_sessions():
+    disk = Disk()
+    r, _ = residency(disk, cap=None)
+    for call in (r.position, r.where, r.check, r.park, r.session_ids):
+        with pytest.raises(UnknownSession, match="unknown session 'x'"):
+            call("x")
+    with pytest.raises(UnknownSession), r.using("x"):
+        pass
+    feed(r, "s", 10)
+    r.park("s")
+    r.forget("s")
+    assert r.names() == [] and disk.files == {}
+    with pytest.raises(UnknownSession):
+        r.position("s")
+
+
+def test_close_parks_every_resident_session():
+    disk = Disk()
+    r, _ = residency(disk, cap=None)
+    for name in "ab":
+        feed(r, name, 10)
+    r.close()
+    assert sorted(disk.files) == ["a", "b"] and r.memory.names() == []
+
