@@ -5,8 +5,17 @@ written cannot pass as zero."""
 
 from __future__ import annotations
 
-import math
+import glob
 import os
+import shutil
+
+# Without a GPU the fast path's Triton kernels run under Triton's interpreter. It must be chosen
+# before triton.language is imported, and torch imports it when triton is installed: so here, first,
+# and without asking torch whether there is a GPU.
+if not glob.glob("/dev/nvidia[0-9]*") and not shutil.which("nvidia-smi"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -23,11 +32,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 from shadow.container import Container, build_container
 from shadow.core.settings import ShadowSettings
-
-if not torch.cuda.is_available():
-    # The fast path's Triton kernels run on the CPU under Triton's interpreter, which must be chosen
-    # before anything (transformers, for one) imports triton.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

@@ -189,7 +189,7 @@ def test_fast_path_replay_equals_fresh_and_forks_are_pure(checkpoints):
         assert torch.equal(before[name], after[name]), f"a fork changed {name}"
     sh.feed_prompt("s", ids[:200] + ids[300:520])  # a rollback below the read rows
     sh.read()
-    book_ids = sh.book("s").ids
+    book_ids = list(sh.session_ids("s"))
     got, want = sh.export_state("s"), sh.fresh_state(book_ids)
     for name in want:
         assert torch.equal(got[name], want[name]), f"{name} differs from a fresh prefill on the fast path"

@@ -134,7 +134,7 @@ def test_fast_path_real_session_equals_fresh_prefill_in_another_process(tmp_path
     sh.warm_up()
     report = verify(sh, "s", turns)
     assert report.equal, (report.worst_tensor, report.largest_difference)
-    ids = sh.book("s").ids
+    ids = list(sh.session_ids("s"))
     got = sh.export_state("s")
 
     def digest(state) -> str:

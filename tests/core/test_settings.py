@@ -22,6 +22,7 @@ SAMPLES = {
     "grid": ("1024", 1024),
     "device": ("cuda:1", "cuda:1"),
     "dtype": ("float32", "float32"),
+    "fast": ("off", "off"),
     "gb": ("2.5", 2.5),
     "disk": ("/nvme/shadow", "/nvme/shadow"),
     "disk_gb": ("12", 12.0),
