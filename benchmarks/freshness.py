@@ -219,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="JSON path (default: benchmarks/results/freshness-<date>.json)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
+    at = commit()  # the code that runs, before anything changes during a long run
     if not args.raw.is_dir():
         raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo")
 
@@ -252,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or RESULTS / f"freshness-{date}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
-        "benchmark": "freshness", "date": date, "commit": commit(), "simulated": True, "note": NOTE,
+        "benchmark": "freshness", "date": date, "commit": at, "simulated": True, "note": NOTE,
         "chunk_cost": [c.source if c.depths else f"{c.chunk_ms:g} ms a chunk, flat ({c.source})" for c in costs],
         "first_token": FIRST_TOKEN, "decode_tps": args.decode_tps, "round_ids": args.round_ids, "grid": args.grid,
         "gaps": args.gaps, "idle_poll_s": knobs.idle_poll_s, "idle_window_s": knobs.idle_window_s,
