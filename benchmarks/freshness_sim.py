@@ -86,8 +86,19 @@ class SimReader:
     def vocab_size(self) -> int:
         return N_VOCAB
 
+    @property
+    def weights_hash(self) -> str:
+        return "simulated"
+
+    @property
+    def dtype(self) -> str:
+        return "bfloat16"
+
     def new_session(self) -> _NoTensors:
         return _NoTensors()
+
+    def warm_up(self) -> float:
+        return 0.0  # nothing to capture: the service's start-up is outside the timeline
 
     def read_chunk(self, book: SessionBook, tensors: Any) -> float:
         if book.pending < self.grid:
@@ -115,7 +126,7 @@ class SimReader:
     def _no_maths(self, *args: Any, **kw: Any) -> Any:
         raise NotImplementedError("the simulated reader does no maths: questions and states are not simulated")
 
-    fork_logits = fork_decode = export = probabilities = _no_maths
+    fork_logits = fork_decode = export = probabilities = serialise = deserialise = _no_maths
 
 
 class FacadeView:

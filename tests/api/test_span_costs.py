@@ -17,7 +17,6 @@ from shadow.adapters.transcripts import demo_transcript, render_turns
 from shadow.api.app import create_app
 from shadow.api.client import ShadowClient
 from shadow.api.server import BackgroundServer
-
 from tests.conftest import make_container, make_settings
 
 GRID = 64
