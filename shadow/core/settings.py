@@ -39,6 +39,8 @@ class ShadowSettings(BaseSettings):
     grid: int = Field(512, description="rows per chunk; state advances only at multiples of it")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     dtype: Literal["float32", "bfloat16"] = Field("bfloat16", description="the small model's activations")
+    fast: Literal["auto", "off"] = Field("auto", description="the fast reader (CUDA graphs, fused kernels): "
+                                                             "auto uses it on CUDA; off keeps the eager path")
     gb: float = Field(4.0, description="cap on resident session state, GiB")
     disk: str = Field("auto", description="folder for parked sessions; auto: ~/.qwen38-spark-engine/cache/shadow")
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")
