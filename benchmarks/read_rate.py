@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out} in {result['wall_s']:.0f} s")
+    print(f"warm: {result['warm']}")
     for note in result["notes"]:
         print(f"note: {note}")
     print(table(result))

@@ -1,5 +1,5 @@
 """The peer in ``read_rate``: transformers' ``Qwen3_5ForCausalLM`` on the same checkpoint folder, with
-its own cache, timed through the same steps as the shadow (``read_rate.Steps``).
+its own cache, walked through the same steps as the shadow (``read_rate_steps.run_steps``).
 
 What each figure is for the peer:
 
@@ -49,7 +49,7 @@ def _gdn_kernel(model: Any) -> str:
 
 
 class PeerSide:
-    """The peer behind the same four calls the shadow's side answers (see ``read_rate.Steps``)."""
+    """The peer's cache and the calls ``read_rate_steps.PeerRunner`` walks it with."""
 
     def __init__(self, model: Any, ids: list[int], sync: Callable[[], None]) -> None:
         import transformers
@@ -58,33 +58,35 @@ class PeerSide:
         self.ids = ids
         self.sync = sync
         self.device = next(model.parameters()).device
-        self.cache = transformers.DynamicCache(config=model.config)
         self._new_cache = lambda: transformers.DynamicCache(config=model.config)
+        self.cache = self._new_cache()
+        # Counted here, not asked of the cache: a hybrid cache's length API has moved between
+        # transformers versions, and its first layer is a linear-attention one.
+        self.length = 0
 
     def _forward(self, cache: Any, ids: list[int]) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1]
 
-    @property
-    def length(self) -> int:
-        return int(self.cache.get_seq_length())
-
     def restart(self) -> None:
         self.cache = self._new_cache()
+        self.length = 0
 
     @torch.inference_mode()
     def advance_to(self, depth: int) -> None:
         while self.length < depth:
-            a = self.length
-            self._forward(self.cache, self.ids[a:min(depth, a + PREFILL)])
+            piece = self.ids[self.length:min(depth, self.length + PREFILL)]
+            self._forward(self.cache, piece)
+            self.length += len(piece)
         self.sync()
 
     @torch.inference_mode()
     def chunk(self, rows: int) -> None:
-        a = self.length
-        self._forward(self.cache, self.ids[a:a + rows])
+        self._forward(self.cache, self.ids[self.length:self.length + rows])
+        self.length += rows
 
+    @torch.inference_mode()
     def fork(self) -> Any:
         return copy.deepcopy(self.cache)
 
