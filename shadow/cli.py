@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--home", default=str(DEFAULT_HOME), help="where the generated model is cached")
     common.add_argument("--grid", type=int, default=512)
     common.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    common.add_argument("--device", default="cpu")
+    common.add_argument("--device", default="auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N")
     d = sub.add_parser("demo", parents=[common],
                        help="start the service, follow the shipped real session on its timeline, ask a question")
     d.add_argument("--speed", type=float, default=3.0, help="timeline compression (3: three times faster)")

@@ -33,25 +33,36 @@ def demo_text_config() -> dict[str, Any]:
     )
 
 
-def random_tensors(cfg: Qwen35Config, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """Canonical name -> tensor, scaled so activations stay O(1) through many layers."""
-    gen = torch.Generator().manual_seed(seed)
+def random_tensors(cfg: Qwen35Config, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                   device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Canonical name -> tensor, scaled so activations stay O(1) through many layers.
+
+    ``device`` draws them there (the benchmarks draw the large shapes on the GPU rather than on
+    the CPU); each device has its own random stream, so the same seed gives other values there."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
+
+    def randn(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, device=device)
+
+    def uniform(shape: tuple[int, ...], lo: float, hi: float) -> torch.Tensor:
+        return torch.empty(shape, device=device).uniform_(lo, hi, generator=gen)
+
     for name, shape in expected_shapes(cfg).items():
         if name.endswith("A_log"):
-            t = torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log()
+            t = uniform(shape, 1.0, 16.0).log()
         elif name.endswith("dt_bias"):
-            t = torch.empty(shape).uniform_(-1.0, 1.0, generator=gen)
+            t = uniform(shape, -1.0, 1.0)
         elif name.endswith("linear_attn.norm.weight"):
-            t = 1.0 + 0.1 * torch.randn(shape, generator=gen)  # plain-weight norm: around 1
+            t = 1.0 + 0.1 * randn(shape)  # plain-weight norm: around 1
         elif name.endswith("norm.weight"):
-            t = 0.1 * torch.randn(shape, generator=gen)  # (1 + w) norms: around 0
+            t = 0.1 * randn(shape)  # (1 + w) norms: around 0
         elif name.endswith("conv1d.weight"):
-            t = torch.randn(shape, generator=gen) * 0.5
+            t = randn(shape) * 0.5
         elif name in ("embed_tokens.weight", "lm_head.weight"):
-            t = torch.randn(shape, generator=gen)
+            t = randn(shape)
         else:
-            t = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
+            t = randn(shape) / math.sqrt(shape[-1])
         out[name] = t.to(dtype)
     return out
 
