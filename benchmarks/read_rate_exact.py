@@ -65,7 +65,7 @@ def check(sh: Shadow, turns: list[Any], child: list[str] | None, work: Path) -> 
         "largest_difference": r.largest_difference, "worst_tensor": r.worst_tensor,
         "replay_and_fresh_s": time.perf_counter() - t0,
     }
-    ids = list(sh.book("exact").ids)
+    ids = list(sh.session_ids("exact"))
     state = sh.export_state("exact")
     sh.forget("exact")
     out["digest"] = digest(state)

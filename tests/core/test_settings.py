@@ -89,7 +89,7 @@ def test_defaults() -> None:
     ("QWEN38_SHADOW_GB=-1", "must be positive"),
     ("QWEN38_SHADOW_DTYPE=float8", "float32"),
     ("QWEN38_SHADOW_DEVICE=gpu", "cuda:N"),
-    ("QWEN38_SHADOW_FAST=on", "'auto' or 'off'"),
+    ("QWEN38_SHADOW_FAST=fastest", "'auto', 'on' or 'off'"),
     ("QWEN38_SHADOW_PORT=70000", "TCP port"),
     ("QWEN38_SHADOW_RATION=2", "share"),
     ("QWEN38_SHADOW_TRACE=jaeger", "unknown exporter 'jaeger'"),
