@@ -71,12 +71,20 @@ def _session_ids(n: int, seed: int) -> list[int]:
     return [rng.randrange(248000) for _ in range(n)]
 
 
+def _two_attention_layers() -> dict:
+    """8 layers, so two full-attention layers: two pieces hand q, k, v to the eager step (a model
+    with one could not tell one piece's tensors from another's)."""
+    from .tiny import tiny
+
+    return tiny(layers=8, k_heads=2, v_heads=4, vocab=248320, hidden=64, heads=4, kv_heads=2)
+
+
 def test_fast_graphs_replay_the_eager_kernels_bit_for_bit(tmp_path):
     """The captured pieces give the bits of the same pieces run eagerly, chunk after chunk."""
     from shadow.backends.qwen35 import Qwen35
     from shadow.backends.qwen35.fast import FastForward
 
-    ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
+    ckpt = write_checkpoint(tmp_path / "m", _two_attention_layers(), dtype=torch.bfloat16)
     ids = torch.tensor(_session_ids(3 * 512, 1))
     states = []
     for graphs in (False, True):
@@ -97,7 +105,7 @@ def test_fast_graphs_replay_the_eager_kernels_bit_for_bit(tmp_path):
 def test_fast_path_agrees_with_the_torch_forward(tmp_path):
     """Fast and torch forwards on the same weights compute the same function: against the torch
     forward in fp32, the fast path in bf16 is no further off than the torch forward in bf16."""
-    ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
+    ckpt = write_checkpoint(tmp_path / "m", _two_attention_layers(), dtype=torch.bfloat16)
     ids = _session_ids(2 * 512 + 100, 2)
     out = {}
     for fast, dtype in (("off", "float32"), ("off", "bfloat16"), ("auto", "bfloat16")):
@@ -127,7 +135,7 @@ def test_fast_path_real_session_equals_fresh_prefill_in_another_process(tmp_path
     from shadow.adapters.transcripts import demo_transcript
     from shadow.adapters.transcripts.render import render_turns
 
-    ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
+    ckpt = write_checkpoint(tmp_path / "m", _two_attention_layers(), dtype=torch.bfloat16)
     turns = render_turns(demo_transcript())
     sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device="cuda", dtype="bfloat16",
                                      grid=512, disk="off"))

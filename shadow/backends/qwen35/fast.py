@@ -88,9 +88,10 @@ class _Rows:
     h: torch.Tensor | None = None
     delta: torch.Tensor | None = None
     proj: torch.Tensor | None = None
-    q: torch.Tensor | None = None
-    k: torch.Tensor | None = None
-    v: torch.Tensor | None = None
+    # q, k, v of each attention layer, kept apart: a captured piece writes its own tensors on every
+    # replay, and the eager step after it must read those (not the last piece's), and they must
+    # stay allocated so that no later capture reuses their memory
+    qkv: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     logits: torch.Tensor | None = None
     graphs: list[Any] = field(default_factory=list)  # one per piece, then the logits graph
 
@@ -277,11 +278,11 @@ class FastForward:
             x = self._norm(r, lw.norm_in)
             r.proj = F.linear(x, lw.w_in)
             kvh, hd = cfg.num_key_value_heads, cfg.head_dim
-            r.q = torch.empty(r.n, cfg.num_attention_heads, hd, device=x.device, dtype=x.dtype)
-            r.k = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
-            r.v = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
-            kernels.qk_norm_rope(r.proj, lw.q_norm, lw.k_norm, self.model._inv_freq, self.start, self.eps,
-                                 r.q, r.k, r.v)
+            q = torch.empty(r.n, cfg.num_attention_heads, hd, device=x.device, dtype=x.dtype)
+            k = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
+            v = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
+            kernels.qk_norm_rope(r.proj, lw.q_norm, lw.k_norm, self.model._inv_freq, self.start, self.eps, q, k, v)
+            r.qkv[lw.index] = (q, k, v)
 
     def _logits(self, r: _Rows) -> None:
         assert r.h is not None and r.delta is not None
@@ -301,10 +302,10 @@ class FastForward:
 
     def _attend(self, r: _Rows, state: ModelState, i: int, start: int, compute: bool) -> None:
         """Eager, between two pieces: write the rows' K and V into the session, attend over its rows."""
-        assert r.q is not None and r.k is not None and r.v is not None
+        q, k, v = r.qkv[i]
         end = start + r.n
-        state.k[i][start:end].copy_(r.k)
-        state.v[i][start:end].copy_(r.v)
+        state.k[i][start:end].copy_(k)
+        state.v[i][start:end].copy_(v)
         if not compute:
             return
         keys = state.k[i][:end].permute(1, 0, 2)[None]
@@ -314,7 +315,7 @@ class FastForward:
         else:
             keys_at = torch.arange(end, device=self.device)
             mask = keys_at[None, :] <= torch.arange(start, end, device=self.device)[:, None]
-        out = F.scaled_dot_product_attention(r.q.permute(1, 0, 2)[None], keys, values, attn_mask=mask,
+        out = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values, attn_mask=mask,
                                              scale=self.cfg.head_dim ** -0.5, enable_gqa=True)
         r.attn.copy_(out[0].permute(1, 0, 2))
 
