@@ -1,14 +1,19 @@
-"""Shared fixtures: tiny random Qwen3.5 checkpoints in the Hugging Face format, the shared data folder."""
+"""Shared fixtures: the shared data folder beside the repo, CUDA-only tests, the torch RNG.
+
+``shared_data`` is the one place the tests look outside the repo: ``../shared/data`` (real agent
+sessions, the chat template's source copy), or the folder ``SHADOW_SHARED_DATA`` names. A test
+that needs it takes the fixture and is skipped, saying why, when the folder is absent.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+_SHARED_DATA = Path(os.environ.get("SHADOW_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -20,11 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA} is absent: the real sessions live beside the repo, not inside it")
-    return SHARED_DATA
+    if not _SHARED_DATA.is_dir():
+        pytest.skip(f"{_SHARED_DATA} is absent: the real sessions live beside the repo (../shared/data, or "
+                    "the folder SHADOW_SHARED_DATA names), not inside it")
+    return _SHARED_DATA
 
 
 @pytest.fixture(autouse=True)

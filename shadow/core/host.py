@@ -2,7 +2,7 @@
 
 Pure Python and clock-injectable, so the schedulers can be driven by a simulated timeline.
 
-What the words mean (spec, "When it reads"):
+What the words mean (docs/architecture.md, promise 6):
 
 - A request **waits** from ``arrived`` until ``started``: it is queued for the engine.
 - It **runs** from ``started`` until ``finished``: its prefill and its decode.

@@ -2,7 +2,7 @@
 reports about each chunk (``Telemetry``). Pure Python; the schedulers live in
 ``shadow.backends.schedulers`` and the spans in ``shadow.adapters.telemetry``.
 
-Two windows (ARCHITECTURE invariant 6):
+Two windows (docs/architecture.md, promise 6):
 
 - ``idle``: no request runs or waits and no hold is on; reads at most ``idle_window_s`` and checks
   before every chunk whether a request waits, so a request waits at most one chunk.
