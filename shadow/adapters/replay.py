@@ -69,7 +69,8 @@ def verify(
 ) -> ReplayReport:
     chunks = replay(shadow, session, turns, progress)
     book = shadow.book(session)
-    equal, worst, where = compare(shadow.export_state(session), shadow.fresh_state(book.ids))
+    state = shadow.export_state(session)
+    equal, worst, where = compare(state, shadow.fresh_state(book.ids))
     return ReplayReport(
         session,
         len(book.ids),
@@ -77,7 +78,7 @@ def verify(
         book.rollbacks,
         book.reread,
         chunks,
-        len(shadow.export_state(session)),
+        len(state),
         equal,
         worst,
         where,

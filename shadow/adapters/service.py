@@ -38,13 +38,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shadow.core.errors import BadInput, ShadowError, UnknownSession
 from shadow.core.host import FeedResult, Host, HostActivity, RoundResult, TurnTimeline
 from shadow.core.profiles import Profiles, ShadowBlock
-from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ration_budget
+from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ask_span
 from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Answer, ChunkRead, Shadow
 from shadow.core.slot import Slot
@@ -270,14 +270,14 @@ class ShadowService:
         if ids and follows:
             self.feed_output(session, ids)
         turn = self.activity.record_round_ended(request_id, len(ids))
-        budget = ration_budget(turn, self.clock(), self.settings.ration, self.settings.slice_ms / 1e3)
+        turn.budget_s = 0.0  # a session not followed gets no ration; a followed one, the scheduler's
         chunks = self.ration.step(turn) if follows else []
         self.stats["ration"].add(chunks)
         backlog = 0
         shadow = self._live
         if shadow is not None:
             backlog = int((shadow.session_status(session) or {}).get("backlog", 0))
-        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, budget * 1e3,
+        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, backlog)
 
     def _follows(self, session: str) -> bool:
@@ -314,14 +314,9 @@ class ShadowService:
 
     def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
         shadow = self._facade()
-        with self.telemetry.span("shadow.ask", {"gen_ai.operation.name": "chat", "shadow.ask.kind": "ask",
-                                                "gen_ai.conversation.id": session,
-                                                "shadow.ask.choices": list(choices)}) as span:
+        with ask_span(self.telemetry, "ask", session, choices) as span:
             answer = shadow.ask(session, question, choices)
-            span.set("shadow.ask.label", answer.label)
-            span.set("shadow.ask.probability", float(answer.probs[answer.label]))
-            span.set("shadow.ask.behind", answer.behind)
-            span.set("shadow.ask.latency_ms", answer.lag_ms)
+            span.answered(answer)
         q = question if isinstance(question, str) else f"<{len(question)} ids>"
         self.answers.append({"session": session, "question": q[:200], "choices": list(choices),
                              "label": answer.label, "probs": answer.probs, "behind": answer.behind,
@@ -377,10 +372,6 @@ class ShadowService:
             "answers": list(self.answers),
             "errors": list(self.errors),
         }
-
-
-def round_dict(r: RoundResult) -> dict[str, Any]:
-    return asdict(r)
 
 
 if TYPE_CHECKING:

@@ -151,6 +151,7 @@ class TurnTimeline:
     output_len: int = 0
     rounds: int = 0
     spent_s: float = 0.0  # ration used so far (measured device time of the chunks read)
+    budget_s: float = 0.0  # the last ration slice's budget, as the rationed scheduler enforced it
     chunks: int = 0
     last_event_s: float = 0.0
 
