@@ -15,7 +15,8 @@ demo: $(BIN)/.installed
 	$(BIN)/shadow demo
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check shadow tests benchmarks
+	$(BIN)/python tools/check_sizes.py
+	$(BIN)/ruff check shadow tests benchmarks tools
 	$(BIN)/mypy shadow
 
 test: lint

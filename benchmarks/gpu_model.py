@@ -3,7 +3,7 @@ kernel against the torch form, bit-determinism across processes, and chunk timin
 
     python -m benchmarks.gpu_model --out results.json
 
-Random weights at the published shape (MODEL.md 1), bf16. Writes one JSON with date, device and
+Random weights at the published shape (docs/model.md, "Sizes"), bf16. Writes one JSON with date, device and
 commit; prints a short table last.
 """
 

@@ -9,11 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from shadow.core.settings import DEFAULT_HOME
+
 if TYPE_CHECKING:
     from shadow.core.shadow import Shadow
-
-DEFAULT_HOME = Path.home() / ".qwen38-spark-engine" / "shadow"
-SHARED_RAW = Path(__file__).resolve().parents[2] / "shared" / "data" / "sessions" / "raw"
 
 
 def _demo_model(home: Path) -> Path:
@@ -175,11 +174,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from shadow.adapters.replay import verify
     from shadow.adapters.transcripts import discover, load_transcript, render_turns
+    from shadow.core.errors import ShadowError
+    from shadow.core.settings import PREFIX, ShadowSettings
 
-    paths = [Path(p) for p in args.paths] or discover(SHARED_RAW)
+    paths = [Path(p) for p in args.paths]
     if not paths:
-        print(f"no sessions given and none found under {SHARED_RAW}", file=sys.stderr)
-        return 2
+        try:
+            folder = ShadowSettings().sessions
+        except ShadowError as err:
+            print(f"shadow verify: {err}", file=sys.stderr)
+            return 2
+        if not folder:
+            print(f"shadow verify: no sessions to check: give session files or folders, or set "
+                  f"{PREFIX}SESSIONS (environment or serve.env) to a folder of them", file=sys.stderr)
+            return 2
+        paths = discover(Path(folder).expanduser())
+        if not paths:
+            print(f"shadow verify: no sessions found under {folder} ({PREFIX}SESSIONS)", file=sys.stderr)
+            return 2
     model = Path(args.model) if args.model else _demo_model(Path(args.home))
     rows = [["session", "tokens", "turns", "rollbacks", "ids re-read", "tensors", "equal", "largest diff"]]
     ok = True
@@ -206,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", help="Qwen3.5 checkpoint folder (default: a small generated one)")
-    common.add_argument("--home", default=str(DEFAULT_HOME), help="where the generated model is cached")
+    common.add_argument("--home", default=str(Path(DEFAULT_HOME).expanduser()),
+                        help="where the generated model is cached")
     common.add_argument("--grid", type=int, default=512)
     common.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     common.add_argument("--device", default="auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N")
@@ -219,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     s.add_argument("--log-level", default="info")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")
-    v.add_argument("paths", nargs="*", help="session files or folders (default: all of ../shared/data)")
+    v.add_argument("paths", nargs="*",
+                   help="session files or folders (default: the folder QWEN38_SHADOW_SESSIONS names)")
     v.add_argument("--turns", default=":", help="which requests of each session, as START:END (default all)")
     v.add_argument("--max-tokens", type=int, default=0, help="skip turns longer than this (0: keep all)")
     args = ap.parse_args(argv)

@@ -1,7 +1,8 @@
 """Shared fixtures and helpers: tiny random Qwen3.5 checkpoints in the Hugging Face format, the one
 fake clock, the one polling helper, an in-memory span exporter, containers built from settings with
-providers overridden, the shared data folder, and ``torch.empty`` filled with NaN so that a row never
-written cannot pass as zero."""
+providers overridden, ``torch.empty`` filled with NaN so that a row never written cannot pass as
+zero, and ``shared_data``: the one place the tests look outside the repo (``../shared/data``, or the
+folder ``SHADOW_SHARED_DATA`` names); a test that takes it skips, saying why, without it."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from shadow.container import Container, build_container
 from shadow.core.settings import ShadowSettings
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+_SHARED_DATA = Path(os.environ.get("SHADOW_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
 GRID = 64  # the grid of the service tests' settings
 
 
@@ -47,11 +48,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.skip(f"{SHARED_DATA} is absent: the real sessions live beside the repo, not inside it")
-    return SHARED_DATA
+    if not _SHARED_DATA.is_dir():
+        pytest.skip(f"{_SHARED_DATA} is absent: the real sessions live beside the repo (../shared/data, or "
+                    "the folder SHADOW_SHARED_DATA names), not inside it")
+    return _SHARED_DATA
 
 
 @pytest.fixture(autouse=True)

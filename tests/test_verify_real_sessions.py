@@ -28,3 +28,14 @@ def test_verify_real_session(shared_data, tmp_path, capsys, case):
     assert code == 0
     if case == "claude-code-compaction":
         assert int(rows[0][3]) >= 1 and int(rows[0][1]) > 90_000  # the restart rolled back; a long session
+
+
+def test_verify_without_paths_asks_for_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no serve.env
+    monkeypatch.delenv("QWEN38_SHADOW_SESSIONS", raising=False)
+    assert main(["verify", "--home", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no sessions to check" in err and "QWEN38_SHADOW_SESSIONS" in err
+    monkeypatch.setenv("QWEN38_SHADOW_SESSIONS", str(tmp_path / "empty"))
+    assert main(["verify", "--home", str(tmp_path)]) == 2
+    assert f"no sessions found under {tmp_path / 'empty'}" in capsys.readouterr().err

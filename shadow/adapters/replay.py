@@ -69,7 +69,8 @@ def verify(
 ) -> ReplayReport:
     chunks = replay(shadow, session, turns, progress)
     pos = shadow.position(session)
-    equal, worst, where = compare(shadow.export_state(session), shadow.fresh_state(shadow.session_ids(session)))
+    state = shadow.export_state(session)
+    equal, worst, where = compare(state, shadow.fresh_state(shadow.session_ids(session)))
     return ReplayReport(
         session,
         pos.length,
@@ -77,7 +78,7 @@ def verify(
         pos.rollbacks,
         pos.reread,
         chunks,
-        len(shadow.export_state(session)),
+        len(state),
         equal,
         worst,
         where,

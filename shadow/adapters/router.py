@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from shadow.core.errors import ShadowError
-from shadow.core.scheduling import NullTelemetry, Telemetry
+from shadow.core.scheduling import NullTelemetry, Telemetry, ask_span
 from shadow.core.session import grid_line_at_or_below
 from shadow.core.shadow import Shadow
 
@@ -99,9 +99,7 @@ class RouterShadow:
         record: dict[str, Any] = {"session": q.session, "request_id": q.request_id,
                                   "router_label": q.router_label, "behind_at_start": q.behind_at_start,
                                   "insertion": q.insertion, "prompt_len": q.prompt_len}
-        with self.telemetry.span("shadow.ask", {"gen_ai.operation.name": "chat", "shadow.ask.kind": "router",
-                                                "gen_ai.conversation.id": q.session,
-                                                "shadow.ask.choices": list(q.choices)}) as span:
+        with ask_span(self.telemetry, "router", q.session, q.choices) as span:
             try:
                 pos = shadow.position(q.session)
                 held = pos.length
@@ -112,7 +110,7 @@ class RouterShadow:
             except ShadowError as err:
                 self.failed += 1
                 record["error"] = str(err)
-                span.set("shadow.ask.error", str(err))
+                span.failed(err)
             else:
                 self.asked += 1
                 agree = None if q.router_label is None else answer.label == q.router_label
@@ -123,10 +121,7 @@ class RouterShadow:
                               agree=agree, behind=answer.behind, at_insertion=at is not None,
                               extra_ids=0 if at is not None else held - q.insertion,
                               lag_s=self.clock() - q.asked_at, latency_ms=answer.lag_ms)
-                span.set("shadow.ask.label", answer.label)
-                span.set("shadow.ask.probability", float(answer.probs[answer.label]))
-                span.set("shadow.ask.behind", answer.behind)
-                span.set("shadow.ask.latency_ms", answer.lag_ms)
+                span.answered(answer)
         self.last.append(record)
         if self.journal is not None:
             self.journal.parent.mkdir(parents=True, exist_ok=True)

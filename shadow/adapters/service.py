@@ -3,7 +3,8 @@
 ``ShadowService`` ties the facade (through its ``Slot``: loaded lazily in an idle window) to the
 host's activity, the profiles, the two schedulers, the router's shadow mode and the spans.
 
-The in-process host interface (an engine calls these; the HTTP host endpoints call the same):
+It is the host interface in process (``shadow.core.host.Host``; the HTTP host endpoints call the
+same methods, and ``shadow.api.client.ShadowClient`` is the same interface over HTTP):
 
 =====================================================  ==========================================
 ``arrived(request_id)``                                a request is queued: the idle window stops
@@ -37,13 +38,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from shadow.core.errors import BadInput, ShadowError, UnknownSession
-from shadow.core.host import HostActivity, TurnTimeline
+from shadow.core.host import FeedResult, Host, HostActivity, RoundResult, TurnTimeline
 from shadow.core.profiles import Profiles, ShadowBlock
-from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ration_budget
+from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ask_span
 from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Answer, ChunkRead, Shadow
 from shadow.core.slot import Slot
@@ -67,29 +68,6 @@ def render_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappi
     except Exception as err:  # the template's and the converters' errors: the input is at fault
         raise BadInput(f"messages could not be rendered with the chat template: {type(err).__name__}: {err}") \
             from None
-
-
-@dataclass
-class FeedResult:
-    session: str
-    followed: bool
-    reason: str = ""  # why not followed: "off", "profile", "failed"
-    queued: bool = False  # kept until the model is loaded
-    ids: int = 0
-    committed: int = 0
-    backlog: int = 0
-    behind_at_start: int | None = None  # the backlog when the turn began (before this prompt)
-    rollback: bool = False
-
-
-@dataclass
-class RoundResult:
-    request_id: str
-    chunks: int = 0
-    spent_ms: float = 0.0
-    budget_ms: float = 0.0
-    turn_spent_ms: float = 0.0
-    backlog: int = 0
 
 
 @dataclass
@@ -251,7 +229,7 @@ class ShadowService:
     # ---- the host interface ----------------------------------------------------------------------
 
     def arrived(self, request_id: str) -> TurnTimeline:
-        return self.activity.arrived(request_id)
+        return self.activity.record_arrived(request_id)
 
     def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
                 messages: Sequence[Mapping[str, Any]] | None = None,
@@ -264,13 +242,13 @@ class ShadowService:
         prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
         if not prompt:
             raise BadInput("empty prompt")
-        turn = self.activity.started(request_id, session, len(prompt), name)
+        turn = self.activity.record_started(request_id, session, len(prompt), name)
         if barrier:
             self.activity.out_of_the_way()
         try:
             fed = self.feed_prompt(session, prompt, profile=name)
         except ShadowError:
-            self.activity.finished(request_id)
+            self.activity.record_finished(request_id)
             raise
         if (router is not None and fed.followed and self.router is not None and block.router == "shadow"
                 and len(prompt) >= block.router_min_tokens):
@@ -280,7 +258,7 @@ class ShadowService:
         return turn, fed
 
     def first_token(self, request_id: str) -> TurnTimeline:
-        return self.activity.first_token(request_id)
+        return self.activity.record_first_token(request_id)
 
     def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
         """Between two decode rounds: feed the round's output ids, then read within the ration."""
@@ -291,15 +269,15 @@ class ShadowService:
         follows = self._follows(session)
         if ids and follows:
             self.feed_output(session, ids)
-        turn = self.activity.round_ended(request_id, len(ids))
-        budget = ration_budget(turn, self.clock(), self.settings.ration, self.settings.slice_ms / 1e3)
+        turn = self.activity.record_round_ended(request_id, len(ids))
+        turn.budget_s = 0.0  # a session not followed gets no ration; a followed one, the scheduler's
         chunks = self.ration.step(turn) if follows else []
         self.stats["ration"].add(chunks)
         backlog = 0
         shadow = self._live
         if shadow is not None:
             backlog = int((shadow.session_status(session) or {}).get("backlog", 0))
-        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, budget * 1e3,
+        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, backlog)
 
     def _follows(self, session: str) -> bool:
@@ -313,18 +291,18 @@ class ShadowService:
         turn = self.activity.turn(request_id)
         if ids and turn.session is not None and self._follows(turn.session):
             self.feed_output(turn.session, ids)
-        return self.activity.finished(request_id, len(ids))
+        return self.activity.record_finished(request_id, len(ids))
 
     @contextmanager
     def hold(self) -> Iterator[str]:
-        with self.activity.hold() as hold_id:
+        with self.activity.holding() as hold_id:
             yield hold_id
 
     def add_hold(self, ttl_s: float | None = None) -> str:
-        return self.activity.add_hold(ttl_s)
+        return self.activity.record_hold(ttl_s)
 
     def release_hold(self, hold_id: str) -> None:
-        self.activity.release_hold(hold_id)
+        self.activity.record_hold_released(hold_id)
 
     # ---- questions -------------------------------------------------------------------------------
 
@@ -336,14 +314,9 @@ class ShadowService:
 
     def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
         shadow = self._facade()
-        with self.telemetry.span("shadow.ask", {"gen_ai.operation.name": "chat", "shadow.ask.kind": "ask",
-                                                "gen_ai.conversation.id": session,
-                                                "shadow.ask.choices": list(choices)}) as span:
+        with ask_span(self.telemetry, "ask", session, choices) as span:
             answer = shadow.ask(session, question, choices)
-            span.set("shadow.ask.label", answer.label)
-            span.set("shadow.ask.probability", float(answer.probs[answer.label]))
-            span.set("shadow.ask.behind", answer.behind)
-            span.set("shadow.ask.latency_ms", answer.lag_ms)
+            span.answered(answer)
         q = question if isinstance(question, str) else f"<{len(question)} ids>"
         self.answers.append({"session": session, "question": q[:200], "choices": list(choices),
                              "label": answer.label, "probs": answer.probs, "behind": answer.behind,
@@ -401,5 +374,6 @@ class ShadowService:
         }
 
 
-def round_dict(r: RoundResult) -> dict[str, Any]:
-    return asdict(r)
+if TYPE_CHECKING:
+    def _is_a_host(service: ShadowService) -> Host:  # mypy checks the service against the Protocol
+        return service

@@ -3,7 +3,7 @@
 Each turn: ``arrived`` and ``started`` (the prompt ids) at the request's real start, compressed by
 ``speed``; the first token after ``ttft_share`` of the request's duration (the logs have no TTFT);
 then the output in rounds of ``round_ids`` ids spread evenly over the rest of the request, one
-``round`` call each (the ration reads there); ``finished`` at the request's end. Between requests
+``round_ended`` call each (the ration reads there); ``finished`` at the request's end. Between requests
 the host is idle and the service's idle window may read. Sleeps are injected (``sleep``, ``now``),
 so a test can run it on a simulated clock.
 """
@@ -12,24 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from shadow.core.host import Host
 
 from .transcripts import Turn
-
-
-class Host(Protocol):
-    """The HTTP host endpoints' shape (``shadow.api.client.ShadowClient``): each answers a dict."""
-
-    def arrived(self, request_id: str) -> Any: ...
-
-    def started(self, request_id: str, session: str, prompt: Sequence[int], **kw: Any) -> Any: ...
-
-    def first_token(self, request_id: str) -> Any: ...
-
-    def round(self, request_id: str, ids: Sequence[int] = ()) -> Any: ...
-
-    def finished(self, request_id: str, ids: Sequence[int] = ()) -> Any: ...
 
 
 @dataclass
@@ -78,22 +66,21 @@ def replay_timeline(host: Host, session: str, turns: Sequence[Turn], grid: int, 
         rid = f"{session}-{i}"
         wait_until(start)
         host.arrived(rid)
-        got = host.started(rid, session, turn.prompt_ids)
-        fed = got["fed"]
-        behind = int(fed.get("behind_at_start") or 0)
+        _, fed = host.started(rid, session, ids=turn.prompt_ids)
+        behind = fed.behind_at_start or 0
         rep = TurnReport(i, start, dur, len(turn.prompt_ids), len(turn.output_ids), behind, behind < grid,
-                         bool(fed.get("rollback")))
+                         fed.rollback)
         wait_until(start + ttft_share * dur)
         host.first_token(rid)
         pieces = [turn.output_ids[j:j + round_ids] for j in range(0, len(turn.output_ids), round_ids)] or [[]]
         step = (1 - ttft_share) * dur / len(pieces)
         for k, piece in enumerate(pieces):
             wait_until(start + ttft_share * dur + (k + 1) * step)
-            r = host.round(rid, piece)
+            r = host.round_ended(rid, piece)
             rep.rounds += 1
-            rep.ration_chunks += int(r["chunks"])
-            rep.ration_spent_ms += float(r["spent_ms"])
-            rep.rounds_detail.append(r)
-        rep.turn = dict(host.finished(rid))
+            rep.ration_chunks += r.chunks
+            rep.ration_spent_ms += r.spent_ms
+            rep.rounds_detail.append(asdict(r))
+        rep.turn = host.finished(rid).as_dict()
         reports.append(rep)
     return reports

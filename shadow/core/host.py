@@ -1,8 +1,13 @@
 """The host interface: what the host's engine tells the shadow, and the two locks they share.
 
-Pure Python and clock-injectable, so the schedulers can be driven by a simulated timeline.
+``Host`` is the one interface a host calls: ``shadow.adapters.service.ShadowService`` in process,
+``shadow.api.client.ShadowClient`` over HTTP (its routes carry the same names). ``HostActivity``
+is the bookkeeping behind it: it only *records* what a host reported (``record_arrived``, ...)
+for the idle window and the ration to read; recording feeds and reads nothing, so a host never
+calls it directly. Pure Python and clock-injectable, so the schedulers can be driven by a
+simulated timeline.
 
-What the words mean (spec, "When it reads"):
+What the words mean (docs/architecture.md, promise 6):
 
 - A request **waits** from ``arrived`` until ``started``: it is queued for the engine.
 - It **runs** from ``started`` until ``finished``: its prefill and its decode.
@@ -36,8 +41,8 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -146,11 +151,69 @@ class TurnTimeline:
     output_len: int = 0
     rounds: int = 0
     spent_s: float = 0.0  # ration used so far (measured device time of the chunks read)
+    budget_s: float = 0.0  # the last ration slice's budget, as the rationed scheduler enforced it
     chunks: int = 0
     last_event_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class FeedResult:
+    """What a feed did to a session (or why it was not followed)."""
+
+    session: str
+    followed: bool
+    reason: str = ""  # why not followed: "off", "profile", "failed"
+    queued: bool = False  # kept until the model is loaded
+    ids: int = 0
+    committed: int = 0
+    backlog: int = 0
+    behind_at_start: int | None = None  # the backlog when the turn began (before this prompt)
+    rollback: bool = False
+
+
+@dataclass
+class RoundResult:
+    """What the ration read after a decode round: ``budget_ms`` is the budget the scheduler enforced."""
+
+    request_id: str
+    chunks: int = 0
+    spent_ms: float = 0.0
+    budget_ms: float = 0.0
+    turn_spent_ms: float = 0.0
+    backlog: int = 0
+
+
+class Host(Protocol):
+    """The host interface: one set of verbs for an engine in process and a host over HTTP.
+
+    ``started`` takes the turn's whole prompt as ids or as OpenAI-style messages (with ``tools``
+    and ``enable_thinking``; rendered with the Qwen3.5 chat template), the profile, and the
+    router's question in shadow mode (``{"question", "choices", "label"}``). ``add_hold`` without
+    ``ttl_s`` lasts until released in process; over HTTP the server's default time to live applies,
+    so a host that dies cannot keep the idle window shut for ever."""
+
+    def arrived(self, request_id: str) -> TurnTimeline: ...
+
+    def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
+                messages: Sequence[Mapping[str, Any]] | None = None,
+                tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
+                profile: str | None = None,
+                router: Mapping[str, Any] | None = None) -> tuple[TurnTimeline, FeedResult]: ...
+
+    def first_token(self, request_id: str) -> TurnTimeline: ...
+
+    def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult: ...
+
+    def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline: ...
+
+    def add_hold(self, ttl_s: float | None = None) -> str: ...
+
+    def release_hold(self, hold_id: str) -> None: ...
+
+    def hold(self) -> AbstractContextManager[str]: ...
 
 
 @dataclass
@@ -174,9 +237,9 @@ class HostActivity:
         self._hold_ids = itertools.count(1)
         self.finished_turns = 0
 
-    # ---- events ------------------------------------------------------------------------------
+    # ---- what the host reported --------------------------------------------------------------
 
-    def arrived(self, request_id: str) -> TurnTimeline:
+    def record_arrived(self, request_id: str) -> TurnTimeline:
         """A request is queued for the engine: the idle window stops before its next chunk."""
         now = self.clock()
         with self._mu:
@@ -185,9 +248,9 @@ class HostActivity:
             turn = self._turns[request_id] = TurnTimeline(request_id, arrived_s=now, last_event_s=now)
             return turn
 
-    def started(self, request_id: str, session: str | None = None, prompt_len: int = 0,
-                profile: str | None = None) -> TurnTimeline:
-        """The request runs (its prefill starts). Announcing it first with ``arrived`` is optional."""
+    def record_started(self, request_id: str, session: str | None = None, prompt_len: int = 0,
+                       profile: str | None = None) -> TurnTimeline:
+        """The request runs (its prefill starts). Announcing it first is optional."""
         now = self.clock()
         with self._mu:
             turn = self._turns.get(request_id)
@@ -199,7 +262,7 @@ class HostActivity:
             turn.started_s = turn.last_event_s = now
             return turn
 
-    def first_token(self, request_id: str) -> TurnTimeline:
+    def record_first_token(self, request_id: str) -> TurnTimeline:
         now = self.clock()
         with self._mu:
             turn = self._running(request_id)
@@ -208,7 +271,7 @@ class HostActivity:
             turn.last_event_s = now
             return turn
 
-    def round_ended(self, request_id: str, new_ids: int = 0) -> TurnTimeline:
+    def record_round_ended(self, request_id: str, new_ids: int = 0) -> TurnTimeline:
         now = self.clock()
         with self._mu:
             turn = self._running(request_id)
@@ -219,7 +282,7 @@ class HostActivity:
             turn.last_event_s = now
             return turn
 
-    def finished(self, request_id: str, new_ids: int = 0) -> TurnTimeline:
+    def record_finished(self, request_id: str, new_ids: int = 0) -> TurnTimeline:
         now = self.clock()
         with self._mu:
             turn = self._turns.pop(request_id, None)
@@ -247,25 +310,26 @@ class HostActivity:
 
     # ---- holds ---------------------------------------------------------------------------------
 
-    def add_hold(self, ttl_s: float | None = None) -> str:
-        """A hold that lasts until ``release_hold`` or, with ``ttl_s``, until it expires."""
+    def record_hold(self, ttl_s: float | None = None) -> str:
+        """A hold that lasts until ``record_hold_released`` or, with ``ttl_s``, until it expires."""
         with self._mu:
             hold_id = f"hold-{next(self._hold_ids)}"
             self._holds[hold_id] = _Hold(None if ttl_s is None else self.clock() + ttl_s)
             return hold_id
 
-    def release_hold(self, hold_id: str) -> None:
+    def record_hold_released(self, hold_id: str) -> None:
         with self._mu:
             if self._holds.pop(hold_id, None) is None:
                 raise UnknownRequest(f"unknown hold {hold_id!r}")
 
     @contextmanager
-    def hold(self) -> Iterator[str]:
-        hold_id = self.add_hold()
+    def holding(self) -> Iterator[str]:
+        """A hold for the ``with`` block."""
+        hold_id = self.record_hold()
         try:
             yield hold_id
         finally:
-            self.release_hold(hold_id)
+            self.record_hold_released(hold_id)
 
     # ---- what the idle window asks --------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 reports about each chunk (``Telemetry``). Pure Python; the schedulers live in
 ``shadow.backends.schedulers`` and the spans in ``shadow.adapters.telemetry``.
 
-Two windows (ARCHITECTURE invariant 6):
+Two windows (docs/architecture.md, promise 6):
 
 - ``idle``: no request runs or waits and no hold is on; reads at most ``idle_window_s`` and checks
   before every chunk whether a request waits, so a request waits at most one chunk.
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from .host import TurnTimeline
 from .protocols import Scheduler, Span, Telemetry, Window
-from .shadow import ChunkRead
+from .shadow import Answer, ChunkRead
 
 __all__ = ["Scheduler", "Span", "Telemetry", "Window"]  # the seams, defined with the others in protocols
 
@@ -52,6 +52,31 @@ class NullTelemetry:
     def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
               attributes: Mapping[str, Any] | None = None) -> None:
         pass
+
+
+class AskSpan:
+    """The ``shadow.ask`` span of one question, whoever asks it (a host, the router)."""
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def answered(self, answer: Answer) -> None:
+        self.span.set("shadow.ask.label", answer.label)
+        self.span.set("shadow.ask.probability", float(answer.probs[answer.label]))
+        self.span.set("shadow.ask.behind", answer.behind)
+        self.span.set("shadow.ask.latency_ms", answer.lag_ms)
+
+    def failed(self, err: BaseException) -> None:
+        self.span.set("shadow.ask.error", str(err))
+
+
+@contextmanager
+def ask_span(telemetry: Telemetry, kind: str, session: str, choices: Sequence[str]) -> Iterator[AskSpan]:
+    """A ``shadow.ask`` span; ``kind`` is who asks (``ask``: a host; ``router``: the router's question)."""
+    with telemetry.span("shadow.ask", {"gen_ai.operation.name": "chat", "shadow.ask.kind": kind,
+                                       "gen_ai.conversation.id": session,
+                                       "shadow.ask.choices": list(choices)}) as span:
+        yield AskSpan(span)
 
 
 def ration_budget(turn: TurnTimeline, now: float, share: float = SHARE, slice_s: float = SLICE_S) -> float:

@@ -47,6 +47,8 @@ class ShadowSettings(BaseSettings):
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")
     narrator_model: str = Field("", description="the host narrator's checkpoint; the same folder as MODEL: "
                                                 "one slot, one copy of the weights")
+    sessions: str = Field("", description="folder of real agent sessions `shadow verify` checks when given "
+                                          "no paths; empty: it asks for paths")
 
     # ---- the service -------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address `shadow serve` listens on")
@@ -56,7 +58,7 @@ class ShadowSettings(BaseSettings):
     profile: str = Field("default", description="the profile of a turn that names none")
     max_body_kb: int = Field(16384, description="largest request body the API accepts, KiB")
 
-    # ---- when it reads (spec: When it reads) -------------------------------------------------
+    # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
     idle_window_s: float = Field(2.0, description="longest idle read")
     ration: float = Field(0.02, description="share of the time since a turn's first token the reader may use")

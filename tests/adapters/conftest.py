@@ -1,9 +1,11 @@
-"""Fixtures for the adapter tests: the real sessions in ../shared/data, loaded and rendered once."""
+"""Fixtures for the adapter tests: the real sessions under the shared data folder, loaded and
+rendered once per test run (skipped, saying why, when the folder is absent)."""
 
 from __future__ import annotations
 
 import functools
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,18 +13,13 @@ import pytest
 from shadow.adapters.tokens import Tokens, get_tokens
 from shadow.adapters.transcripts import Transcript, Turn, load_transcript, render_turns
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO.parent / "shared" / "data"
-RAW = SHARED_DATA / "sessions" / "raw"
-
 
 @pytest.fixture(scope="session")
-def raw() -> Path:
-    if not RAW.is_dir():
-        pytest.skip(
-            f"{RAW} is absent: the real sessions live in ../shared/data beside the repo, not inside it"
-        )
-    return RAW
+def raw(shared_data: Path) -> Path:
+    folder = shared_data / "sessions" / "raw"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is absent: the real sessions live in the shared data folder beside the repo")
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -30,15 +27,22 @@ def tokens() -> Tokens:
     return get_tokens()
 
 
-@functools.cache
-def load_one(relpath: str) -> Transcript:
-    [t] = load_transcript(RAW / relpath)
-    return t
+@pytest.fixture(scope="session")
+def load_one(raw: Path) -> Callable[[str], Transcript]:
+    """The one transcript in a session file under ``raw``, loaded once."""
+
+    @functools.cache
+    def load(relpath: str) -> Transcript:
+        [t] = load_transcript(raw / relpath)
+        return t
+
+    return load
 
 
-@functools.cache
-def turns_of(relpath: str) -> list[Turn]:
-    return render_turns(load_one(relpath))
+@pytest.fixture(scope="session")
+def turns_of(load_one: Callable[[str], Transcript]) -> Callable[[str], list[Turn]]:
+    """A session file's rendered turns, rendered once."""
+    return functools.cache(lambda relpath: render_turns(load_one(relpath)))
 
 
 def nfc(text: str) -> str:

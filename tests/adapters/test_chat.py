@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -12,8 +13,6 @@ import pytest
 
 from shadow.adapters.chat import parse_arguments, render, render_ids, template_source
 from shadow.adapters.tokens import get_tokens
-
-from .conftest import SHARED_DATA
 
 TEMPLATE_SHA256 = "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"
 
@@ -165,9 +164,11 @@ def test_matches_transformers(case: str) -> None:
 def test_template_is_the_qwen35_one() -> None:
     src = template_source()
     assert hashlib.sha256(src.encode()).hexdigest() == TEMPLATE_SHA256
-    shared = SHARED_DATA / "templates" / "qwen3_5_chat_template.jinja"
-    if shared.is_file():
-        assert shared.read_text(encoding="utf-8") == src
+
+
+def test_template_is_the_shared_copy(shared_data: Path) -> None:
+    shared = shared_data / "templates" / "qwen3_5_chat_template.jinja"
+    assert shared.read_text(encoding="utf-8") == template_source()
 
 
 def test_reasoning_drop() -> None:

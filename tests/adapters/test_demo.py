@@ -13,7 +13,7 @@ from shadow.adapters.transcripts import (
     transcript_to_json,
 )
 
-from .conftest import RAW, nfc
+from .conftest import nfc
 
 
 def test_demo_loads_and_renders() -> None:
@@ -34,10 +34,8 @@ def test_demo_loads_and_renders() -> None:
     assert transcript_from_json(transcript_to_json(t)).requests == t.requests
 
 
-def test_demo_matches_the_raw_logs() -> None:
-    src = RAW / "openhands-sdk-llm-logs" / "llm-logs"
-    if not src.is_dir():
-        return  # the shared data is optional; the demo itself is checked above
+def test_demo_matches_the_raw_logs(raw: Path) -> None:
+    src = raw / "openhands-sdk-llm-logs" / "llm-logs"
     from shadow.adapters.transcripts import load_transcript
 
     [fresh] = load_transcript(src)

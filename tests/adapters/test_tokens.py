@@ -6,7 +6,7 @@ import sys
 from shadow.adapters import tokens as T
 from shadow.adapters.tokens import Tokens, get_tokens
 
-# design/MODEL.md section 5: a sample that round-trips, with ids checked against the real vocabulary.
+# A sample that round-trips, with ids checked against the real vocabulary.
 SAMPLE = (
     "<|im_start|>user\nHello! 毕老师！1 + 1 = 2, café naïve 12345 don't  \n\n<think>\nok\n</think>\n\n"
     "<|im_end|>"

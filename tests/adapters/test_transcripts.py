@@ -1,9 +1,9 @@
-"""Converters and rendered turns on the real sessions in ../shared/data (skipped when absent)."""
+"""Converters and rendered turns on the real sessions in the shared data folder (skipped when absent)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from shadow.adapters.transcripts import (
 )
 from shadow.adapters.transcripts import claude_code_standin as standin
 
-from .conftest import load_one, nfc, turns_of
+from .conftest import nfc
 
 CC_SHORT = "claude-code-marot-spotter/subagent.jsonl"
 CC_STREAMED = "claude-code-marot-spotter/tool_heavy.jsonl"
@@ -38,6 +38,8 @@ SDK_TEXT = "openhands-sdk-llm-logs/nonfncall-llm-logs"
 SWE_FC = "swe-agent-test-trajectories/6e44b9__sweagenttestrepo-1c2844.traj"
 
 pytestmark = pytest.mark.usefixtures("raw")
+Load = Callable[[str], Transcript]  # the load_one fixture
+TurnsOf = Callable[[str], list[Turn]]  # the turns_of fixture
 
 
 def check_turns(t: Transcript, turns: Sequence[Turn], tokens: Tokens, history_thinks: bool = True) -> None:
@@ -103,7 +105,7 @@ def test_discover_finds_every_session(raw: Path) -> None:
 # -- Claude Code -----------------------------------------------------------------------------------
 
 
-def test_claude_code_turns(tokens: Tokens) -> None:
+def test_claude_code_turns(tokens: Tokens, load_one: Load, turns_of: TurnsOf) -> None:
     t = load_one(CC_SHORT)
     check_turns(t, turns_of(CC_SHORT), tokens)
     assert all(r.start_s is not None and r.end_s is not None and r.start_s <= r.end_s for r in t.requests)
@@ -115,7 +117,7 @@ def test_claude_code_turns(tokens: Tokens) -> None:
     assert called <= {s["function"]["name"] for s in standin.tools()}
 
 
-def test_claude_code_merges_streamed_blocks() -> None:
+def test_claude_code_merges_streamed_blocks(load_one: Load) -> None:
     """Blocks of one response are merged, wherever the tool results were logged between them."""
     t = load_one(CC_STREAMED)
     last = t.requests[3]
@@ -130,7 +132,7 @@ def test_claude_code_merges_streamed_blocks() -> None:
     assert last.messages[i]["reasoning_content"] and last.messages[i - 1]["role"] == "user"
 
 
-def test_claude_code_compaction_restarts(tokens: Tokens) -> None:
+def test_claude_code_compaction_restarts(tokens: Tokens, load_one: Load) -> None:
     t = load_one(CC_COMPACTED)
     k = next(
         k
@@ -158,7 +160,7 @@ def test_claude_code_compaction_restarts(tokens: Tokens) -> None:
     assert turns[1].prompt_ids[n - 1] == turns[2].prompt_ids[n - 1]
 
 
-def test_claude_code_reasoning_drop() -> None:
+def test_claude_code_reasoning_drop(load_one: Load) -> None:
     """A text prompt extends the previous prompt + output exactly when no new user query came."""
     t = load_one(CC_MANY_USERS)
     dropped = []
@@ -212,7 +214,7 @@ def test_openhands_output(raw: Path, tokens: Tokens) -> None:
     assert t.requests[k].messages[-1]["content"].endswith("[Error occurred in processing last action]")
 
 
-def test_sdk_logs_extend(tokens: Tokens) -> None:
+def test_sdk_logs_extend(tokens: Tokens, load_one: Load, turns_of: TurnsOf) -> None:
     """Each logged prompt extends the previous prompt + output (text); on ids, up to the seam."""
     t = load_one(SDK)
     turns = turns_of(SDK)
@@ -231,7 +233,7 @@ def test_sdk_logs_extend(tokens: Tokens) -> None:
         assert 0 <= times(t.requests[k])[0] - times(t.requests[k - 1])[1] < 2
 
 
-def test_sdk_text_tool_logs() -> None:
+def test_sdk_text_tool_logs(load_one: Load) -> None:
     t = load_one(SDK_TEXT)
     assert all(r.tools is None for r in t.requests)
     assert all(r.response["content"].rstrip().endswith("</function>") for r in t.requests)
@@ -244,7 +246,7 @@ def test_sdk_text_tool_logs() -> None:
 # -- mini-swe-agent and SWE-agent ------------------------------------------------------------------
 
 
-def test_mini_swe_agent(tokens: Tokens) -> None:
+def test_mini_swe_agent(tokens: Tokens, load_one: Load, turns_of: TurnsOf) -> None:
     t = load_one(MINI)
     turns = turns_of(MINI)
     check_turns(t, turns, tokens, history_thinks=False)
@@ -261,7 +263,7 @@ def test_mini_swe_agent(tokens: Tokens) -> None:
         assert len(render_texts(t.requests[k - 1])[0]) - n == len("<think>\n")
 
 
-def test_swe_agent_function_calling(tokens: Tokens) -> None:
+def test_swe_agent_function_calling(tokens: Tokens, load_one: Load) -> None:
     t = load_one(SWE_FC)
     assert len(t.requests) == 4 and all(r.start_s is None for r in t.requests)
     assert all(r.response.get("tool_calls") for r in t.requests)
@@ -271,7 +273,7 @@ def test_swe_agent_function_calling(tokens: Tokens) -> None:
 # -- serialisation ---------------------------------------------------------------------------------
 
 
-def test_json_round_trips(tmp_path: Path) -> None:
+def test_json_round_trips(tmp_path: Path, load_one: Load, turns_of: TurnsOf) -> None:
     t = load_one(CC_SHORT)
     d = transcript_to_json(t)
     assert len(d["tool_pool"]) == 1 and len(d["message_pool"]) < sum(len(r.messages) for r in t.requests)

@@ -86,7 +86,7 @@ def test_clear_4xx_errors(app_parts) -> None:
     problem(post(client, "/ask", {"session": "s", "question": [], "choices": ["A"]}), 400)
     problem(client.post(BASE + "/ask", content=b'{"session": "s", "question": '), 400, "malformed")
     problem(client.post(BASE + "/feed/prompt", content=json.dumps({"session": "s", "prompt": [5] * 2000})), 413)
-    problem(post(client, "/host/round", {"request_id": "never", "ids": []}), 404, "unknown request")
+    problem(post(client, "/host/round-ended", {"request_id": "never", "ids": []}), 404, "unknown request")
     problem(post(client, "/host/first-token", {"request_id": "never"}), 404, "unknown request")
     problem(post(client, "/narrate", {"session": "s", "prompt": "Summarise."}), 400, "narrator is off")
     problem(client.delete(BASE + "/host/holds/hold-9"), 404, "unknown hold")
@@ -99,7 +99,7 @@ def test_openapi_is_served_and_typed(app_parts) -> None:
     schema = client.get("/schema/openapi.json").json()
     paths = schema["paths"]
     for p in ["/ask", "/status", "/narrate", "/feed/prompt", "/feed/output", "/host/arrived", "/host/started",
-              "/host/first-token", "/host/round", "/host/finished", "/host/holds", "/host/holds/{hold_id}"]:
+              "/host/first-token", "/host/round-ended", "/host/finished", "/host/holds", "/host/holds/{hold_id}"]:
         assert BASE + p in paths
     ask = paths[BASE + "/ask"]["post"]
     assert set(ask["responses"]) >= {"200", "400", "404", "413", "503"}

@@ -1,4 +1,5 @@
-"""Invariants 1-4: grid, exact replay, fork purity, rollback. Checked with torch.equal on every tensor."""
+"""Promises 1-4 (docs/architecture.md): grid, exact replay, fork purity, rollback. Checked with
+torch.equal on every tensor."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ class ArriveAfter:
         self.inner.chunk(window, chunk, backlog_after, start_ns, end_ns, attributes)
         self.n += 1
         if self.n == self.k and self.activity is not None:
-            self.activity.arrived("came-in")
+            self.activity.record_arrived("came-in")
 
 
 # ---- the slot --------------------------------------------------------------------------------------
@@ -100,8 +100,8 @@ def test_a_request_arriving_during_an_idle_read_waits_at_most_one_chunk(checkpoi
     [window] = spans.all("shadow.window")
     assert window.attributes["shadow.window.stopped_for"] == "request"
     assert svc.idle_step() == []  # it waits: the window stays shut
-    c.activity().started("came-in", "s")
-    c.activity().finished("came-in")
+    c.activity().record_started("came-in", "s")
+    c.activity().record_finished("came-in")
     assert len(svc.idle_step()) == 17
 
 
@@ -223,9 +223,9 @@ def test_the_device_is_synchronised_before_the_first_chunk_of_a_slice(checkpoint
 
     ration.telemetry.chunk = chunk  # type: ignore[method-assign]
     svc.feed_prompt("s", ids(10 * GRID, 5))
-    turn = c.activity().started("r", "s", 10 * GRID)
+    turn = c.activity().record_started("r", "s", 10 * GRID)
     assert ration.step(turn) == [] and events == []  # before the first token: nothing, not even a sync
-    c.activity().first_token("r")
+    c.activity().record_first_token("r")
     clock.advance(5.0)
     assert ration.step(turn)
     assert events[0] == "sync" and events.count("sync") == 1 and events.count("chunk") >= 1

@@ -1,4 +1,4 @@
-"""Invariant 5: a resident cap, parking on disk, exact restore, nothing corrupt ever loaded."""
+"""Promise 5 (docs/architecture.md): a resident cap, parking on disk, exact restore, nothing corrupt ever loaded."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ import pytest
 from benchmarks.freshness import CostModel, flat, from_rate_file, main, plot, summarise
 from benchmarks.freshness_sim import Knobs, Policy, SessionRun, replay_session
 from benchmarks.timelines import TIMING_BOTH, SessionTimeline, timeline_of
-from tests.conftest import SHARED_DATA
 
 GRID = 512
 LADDER = (0.0, 0.5, 1.0, 2.0, 5.0)
@@ -23,10 +22,8 @@ SESSIONS = (("openhands-examples/output.jsonl", 1),
 
 
 @pytest.fixture(scope="module")
-def sessions() -> list[SessionTimeline]:
-    if not SHARED_DATA.is_dir():  # the shared fixture's skip, for a module-wide fixture
-        pytest.skip(f"{SHARED_DATA} is absent: the real sessions live beside the repo, not inside it")
-    return [timeline_of(SHARED_DATA / "sessions" / "raw", path, 36.0, index) for path, index in SESSIONS]
+def sessions(shared_data: Path) -> list[SessionTimeline]:
+    return [timeline_of(shared_data / "sessions" / "raw", path, 36.0, index) for path, index in SESSIONS]
 
 
 def runs(sessions: list[SessionTimeline], pct: float, cost: CostModel, knobs: Knobs | None = None) -> list[SessionRun]:

@@ -50,33 +50,33 @@ def test_activity_counts_waiting_running_holds() -> None:
     clock = FakeClock()
     a = HostActivity(clock=clock, stale_s=60)
     assert not a.busy()
-    a.arrived("r1")
+    a.record_arrived("r1")
     assert a.counts() == (1, 0, 0) and a.busy()
     with pytest.raises(BadInput):
-        a.arrived("r1")
-    a.started("r1", "s", prompt_len=100)
+        a.record_arrived("r1")
+    a.record_started("r1", "s", prompt_len=100)
     assert a.counts() == (0, 1, 0)
-    a.arrived("r2")
+    a.record_arrived("r2")
     with pytest.raises(BadInput, match="not started"):
-        a.first_token("r2")
+        a.record_first_token("r2")
     clock.advance(2.0)
-    assert a.first_token("r1").first_token_s == clock.t
-    t = a.round_ended("r1", 8)
+    assert a.record_first_token("r1").first_token_s == clock.t
+    t = a.record_round_ended("r1", 8)
     assert (t.rounds, t.output_len) == (1, 8)
-    done = a.finished("r1", 3)
+    done = a.record_finished("r1", 3)
     assert done.output_len == 11 and done.finished_s == clock.t
     assert a.counts() == (1, 0, 0)  # r2 still waits
     clock.advance(61)  # a host that died with r2 queued: forgotten after stale_s
     assert a.counts() == (0, 0, 0)
     with pytest.raises(UnknownRequest):
-        a.finished("r2")
-    hold = a.add_hold(ttl_s=5)
+        a.record_finished("r2")
+    hold = a.record_hold(ttl_s=5)
     assert a.busy()
     clock.advance(6)
     assert not a.busy()
     with pytest.raises(UnknownRequest):
-        a.release_hold(hold)
-    with a.hold():
+        a.record_hold_released(hold)
+    with a.holding():
         assert a.counts()[2] == 1
     assert not a.busy()
 

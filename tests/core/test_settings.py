@@ -27,6 +27,7 @@ SAMPLES = {
     "disk": ("/nvme/shadow", "/nvme/shadow"),
     "disk_gb": ("12", 12.0),
     "narrator_model": ("/models/narrator", "/models/narrator"),
+    "sessions": ("/data/sessions/raw", "/data/sessions/raw"),
     "host": ("0.0.0.0", "0.0.0.0"),
     "port": ("9011", 9011),
     "profiles": ("/etc/qwen38/profiles.yaml", "/etc/qwen38/profiles.yaml"),

@@ -55,7 +55,7 @@ class Qwen35Config:
         if self.rotary_dim % 2 or not 0 < self.rotary_dim <= self.head_dim:
             raise CheckpointError(f"partial_rotary_factor {self.partial_rotary_factor} gives a bad rotary dim")
 
-    # Derived sizes, named as MODEL.md names them.
+    # Derived sizes, named as transformers' Qwen3.5 config names them.
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
@@ -150,7 +150,7 @@ class Qwen35Config:
 
 
 def reference_shape(size: str) -> dict[str, Any]:
-    """The text_config of a published size (MODEL.md section 1), for benchmarks and generated checkpoints."""
+    """The text_config of a published size (docs/model.md, "Sizes"), for benchmarks and generated checkpoints."""
     shapes = {
         "0.8B": dict(hidden_size=1024, num_hidden_layers=24, intermediate_size=3584, num_attention_heads=8,
                      num_key_value_heads=2, linear_num_key_heads=16, linear_num_value_heads=16, tie=True),

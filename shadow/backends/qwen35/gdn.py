@@ -9,7 +9,7 @@ Shapes (one session, no batch axis):
     state  [Hv, dk, dv]  fp32 recurrent state S
     ->  o  [T, Hv, dv]   in v's dtype, and the new state [Hv, dk, dv] fp32
 
-Per token (MODEL.md 2.5): S <- S * exp(g_t); delta = beta_t (v_t - S^T k_t); S <- S + k_t delta^T;
+Per token (docs/model.md, "Gated-DeltaNet"): S <- S * exp(g_t); delta = beta_t (v_t - S^T k_t); S <- S + k_t delta^T;
 o_t = S^T q_t, with q and k l2-normalised and q scaled by dk^-1/2.
 
 ``gated_delta_rule`` is the one entry point: the fla Triton kernels on CUDA (``gdn_fla``), the

@@ -1,4 +1,4 @@
-"""Qwen3.5's text forward (MODEL.md section 2) in torch, for one sequence at a time.
+"""Qwen3.5's text forward (docs/model.md, "The forward") in torch, for one sequence at a time.
 
 ``Qwen35.forward(ids, state)`` continues ``state`` by ``ids``: it writes their KV rows at positions
 ``state.length ...``, advances the conv and recurrent state in place, and returns logits only for
@@ -201,7 +201,8 @@ class Qwen35:
     def _causal_mask(self, start: int, n: int) -> torch.Tensor | CausalBias:
         if self.attention == "lower-right":
             # The causal offset without a materialised mask: flash and memory-efficient kernels
-            # take it as it is, with no per-shape plan to build (ARCHITECTURE "designed for now").
+            # take it as it is, with no per-shape plan to build, and a chunk's forward keeps no
+            # shape decision on the Python side (what CUDA graphs per chunk will need).
             return causal_lower_right(n, start + n)
         keys = torch.arange(start + n, device=self.device)
         queries = torch.arange(start, start + n, device=self.device)

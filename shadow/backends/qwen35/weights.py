@@ -203,7 +203,7 @@ def load(
     folder: str | Path, cfg: Qwen35Config, device: torch.device, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
     """Canonical name -> tensor on ``device``. Float tensors take ``dtype``, except ``A_log``,
-    which the forward always reads in fp32 (MODEL.md: releases disagree on its stored dtype)."""
+    which the forward always reads in fp32 (docs/model.md: releases disagree on its stored dtype)."""
     entries = scan(folder, cfg)
     storages: dict[Path, torch.UntypedStorage] = {}
     out: dict[str, torch.Tensor] = {}

@@ -41,7 +41,6 @@ class IdleScheduler:
         self.lock_wait_s = lock_wait_s
         self.questions = questions
         self.last_cost_s: float | None = None
-        self.stopped_for_request = 0  # windows cut short because a request came
 
     def _work(self) -> bool:
         shadow = self.slot.get()
@@ -88,7 +87,6 @@ class IdleScheduler:
                                                    "shadow.window.budget_ms": self.window_s * 1e3}) as span:
             while True:
                 if self.activity.busy():
-                    self.stopped_for_request += 1
                     span.set("shadow.window.stopped_for", "request")
                     break
                 elapsed = max(self.clock() - start, spent)

@@ -47,10 +47,14 @@ class RationedScheduler:
         return ration_budget(turn, self.clock(), self.share, self.slice_s)
 
     def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]:
-        shadow = self.slot.get()
-        if shadow is None or turn is None or turn.session is None or self.share <= 0:
+        """One slice. Its budget is computed here only and kept on the turn (``budget_s``), so what
+        the service reports is what was enforced."""
+        if turn is None or turn.session is None:
             return []
-        budget = self.budget(turn)
+        budget = turn.budget_s = self.budget(turn)
+        shadow = self.slot.get()
+        if shadow is None or self.share <= 0:
+            return []
         if not fits(0.0, self.estimate(turn.session), budget):
             return []
         if backlogs(shadow).get(turn.session, 0) < shadow.grid:

@@ -31,10 +31,3 @@ class MemoryStore:
     def info(self, name: str) -> Stored | None:
         held = self._held.get(name)
         return None if held is None else Stored(held[1].nbytes())
-
-    def nbytes(self, name: str) -> int:
-        """Bytes the session holds on the device now (KV capacity and checkpoints included)."""
-        return self._held[name][1].nbytes()
-
-    def total_bytes(self) -> int:
-        return sum(t.nbytes() for _, t in self._held.values())
