@@ -57,6 +57,7 @@ class TurnStatus(_Part):
     output_len: int
     rounds: int
     spent_s: float
+    budget_s: float
     chunks: int
     last_event_s: float
 
