@@ -167,6 +167,7 @@ class FastForward:
         self.rows: dict[int, _Rows] = {}
         self.pool: Any = None
         self.capture_s = 0.0
+        self.capture_bytes = 0
         self._fla: Any = None
         if dev.type == "cuda":
             from . import gdn_fla
@@ -381,6 +382,7 @@ class FastForward:
         if not self.use_graphs or self.pool is not None:
             return self.capture_s
         t0 = time.perf_counter()
+        reserved_before = torch.cuda.memory_reserved(self.device)
         self.pool = torch.cuda.graph_pool_handle()
         self.valid.fill_(1)
         stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
@@ -401,6 +403,7 @@ class FastForward:
             r.graphs = graphs
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
+        self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved_before
         return self.capture_s
 
     def report(self) -> dict[str, Any]:
@@ -412,7 +415,10 @@ class FastForward:
         out: dict[str, Any] = {"graphs": self.use_graphs, "sizes": list(self.sizes), "capture_s": self.capture_s,
                                "static_bytes": static, "merged_weight_bytes": merged}
         if self.use_graphs and self.pool is not None:
-            out["graph_pool_bytes"] = torch.cuda.memory_stats(self.device).get("reserved_bytes.all.current", 0)
+            # what the capture added to the allocator's reservation: the graphs' pool and work buffers
+            out["capture_reserved_bytes"] = self.capture_bytes
+            # everything the allocator holds after capture (the weights included)
+            out["allocator_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
         return out
 
 
