@@ -150,7 +150,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """The service from settings (environment and serve.env), until interrupted."""
     from shadow.api.app import create_app
-    from shadow.api.server import serve
+    from shadow.api.server import is_loopback, serve
     from shadow.container import build_container
     from shadow.core.errors import ShadowError
     from shadow.core.settings import ShadowSettings
@@ -166,6 +166,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         container.profiles()  # a bad profile file fails here, at start, naming the file and key
     except ShadowError as err:
         print(f"shadow serve: {err}", file=sys.stderr)
+        return 2
+    if not settings.token and not is_loopback(settings.host):
+        print(f"shadow serve: refusing to listen on {settings.host} without a token: anyone who reaches it "
+              "could feed, overwrite or forget sessions. Set QWEN38_SHADOW_TOKEN (clients send it as "
+              "Authorization: Bearer ...), or listen on 127.0.0.1.", file=sys.stderr)
         return 2
     serve(create_app(container), settings.host, settings.port, log_level=args.log_level)
     return 0

@@ -177,6 +177,14 @@ class ShadowService:
         return FeedResult(session, True, ids=int(s.get("ids", 0)), committed=int(s.get("committed", 0)),
                           backlog=int(s.get("backlog", 0)), **kw)
 
+    def _within_length(self, session: str, held: int, more: int) -> None:
+        """A session's ids are bounded (``MAX_SESSION_IDS``): a feed past it is refused whole and the
+        session stays as it was (its ids and its state grow with every feed, and nothing else ends it)."""
+        limit = self.settings.max_session_ids
+        if held + more > limit:
+            raise BadInput(f"session {session!r} would hold {held + more} ids ({held} + {more}), more than "
+                           f"QWEN38_SHADOW_MAX_SESSION_IDS={limit}: forget it (DELETE) or start a new one")
+
     def feed_prompt(self, session: str, ids: Sequence[int] | None = None,
                     messages: Sequence[Mapping[str, Any]] | None = None,
                     tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
@@ -186,6 +194,7 @@ class ShadowService:
         prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
         if not prompt:
             raise BadInput("empty prompt")
+        self._within_length(session, 0, len(prompt))
         if self.slot.state in ("off", "failed"):
             return FeedResult(session, False, reason=self.slot.state)
         with self._mu:
@@ -221,8 +230,11 @@ class ShadowService:
                     raise UnknownSession(f"unknown session {session!r}")
                 if any(not isinstance(i, int) or i < 0 for i in ids):
                     raise BadInput("output ids must be whole numbers >= 0")
+                self._within_length(session, len(q.prompt) + len(q.outputs), len(ids))
                 q.outputs.extend(ids)
                 return self._result(None, session)
+        held = shadow.session_status(session)
+        self._within_length(session, int(held["ids"]) if held else 0, len(ids))
         shadow.feed_output(session, ids)
         return self._result(shadow, session)
 
@@ -242,6 +254,7 @@ class ShadowService:
         prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
         if not prompt:
             raise BadInput("empty prompt")
+        self._within_length(session, 0, len(prompt))
         turn = self.activity.record_started(request_id, session, len(prompt), name)
         if barrier:
             self.activity.out_of_the_way()
@@ -299,7 +312,22 @@ class ShadowService:
             yield hold_id
 
     def add_hold(self, ttl_s: float | None = None) -> str:
-        return self.activity.record_hold(ttl_s)
+        """A hold for a client: at most ``MAX_HOLDS`` live, none longer than ``MAX_HOLD_S`` (a
+        forgotten hold would keep the idle window shut)."""
+        if ttl_s is not None and ttl_s > self.settings.max_hold_s:
+            raise BadInput(f"ttl_s={ttl_s:g} is longer than QWEN38_SHADOW_MAX_HOLD_S={self.settings.max_hold_s:g}")
+        return self.activity.record_hold(ttl_s, limit=self.settings.max_holds)
+
+    def forget(self, session: str) -> None:
+        """Drop a session: its state, its parked file, its queued feeds, its profile."""
+        with self._mu:
+            queued = self._queued.pop(session, None) is not None
+            self._profile_of.pop(session, None)
+            shadow = self._live
+        if shadow is not None and session in shadow.sessions():
+            shadow.forget(session)
+        elif not queued:
+            raise UnknownSession(f"unknown session {session!r}")
 
     def release_hold(self, hold_id: str) -> None:
         self.activity.record_hold_released(hold_id)

@@ -19,11 +19,16 @@ provider) and the service's idle loop, and makes a planned stop on the way out. 
                             it answers (the host waits for the answer before its next round)
 ``POST /host/finished``     the turn is over
 ``POST /host/holds``        a hold (idle window shut) with a time to live; ``DELETE`` ends it
+``DELETE /sessions/{name}`` forget a session: its state, its parked file, its bookkeeping
 ==========================  ======================================================================
 
-Errors are JSON ``{"status_code", "detail"}``: 400 bad input (malformed JSON, wrong types, ids out
-of the vocabulary, choices that are not one token), 404 unknown session, request or hold, 413 a
-body over ``QWEN38_SHADOW_MAX_BODY_KB``, 503 the shadow off or its model not loaded yet.
+Errors are JSON ``{"status_code", "detail"}``: 400 bad input (malformed or too deeply nested JSON,
+wrong types: bodies are decoded strictly, ``"17"`` is not a token id; ids out of the vocabulary,
+choices that are not one token, a session beyond ``MAX_SESSION_IDS``, a hold beyond ``MAX_HOLD_S``,
+a foreign ``Host``), 401 no token when ``QWEN38_SHADOW_TOKEN`` is set, 403 a browser ``Origin`` not
+allowed, 404 unknown session, request or hold, 413 a body over ``QWEN38_SHADOW_MAX_BODY_KB``, 415 a
+body that is not ``application/json``, 429 more holds than ``MAX_HOLDS``, 503 the shadow off or its
+model not loaded yet (``guard.py`` says why each refusal before a route).
 The OpenAPI schema is served at ``/schema/openapi.json``.
 """
 
@@ -33,7 +38,9 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import anyio.to_thread
 import msgspec
@@ -41,6 +48,7 @@ from litestar import Controller, Litestar, Request, Response, delete, get, post
 from litestar.di import Provide
 from litestar.exceptions import HTTPException, SerializationException
 from litestar.logging.config import LoggingConfig
+from litestar.middleware.base import DefineMiddleware
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
@@ -49,16 +57,18 @@ from litestar.openapi.spec.base import BaseSchemaObject
 from litestar.status_codes import (
     HTTP_400_BAD_REQUEST,
     HTTP_404_NOT_FOUND,
+    HTTP_429_TOO_MANY_REQUESTS,
     HTTP_500_INTERNAL_SERVER_ERROR,
     HTTP_503_SERVICE_UNAVAILABLE,
 )
 
 from shadow.adapters.service import ShadowService, ShadowUnavailable
-from shadow.core.errors import BadInput, ShadowError, UnknownSession
+from shadow.core.errors import BadInput, ShadowError, TooMany, UnknownSession
 from shadow.core.host import FeedResult, TurnTimeline, UnknownRequest
 from shadow.core.profiles import ProfileError
 
 from . import models
+from .guard import Guard
 from .models import (
     Arrived,
     AskBody,
@@ -90,11 +100,20 @@ def _spec(text: str) -> ResponseSpec:
     return ResponseSpec(data_container=Problem, description=text, generate_examples=False)
 
 
+GUARDED = {
+    400: _spec("A Host header this service does not answer to"),
+    401: _spec("QWEN38_SHADOW_TOKEN is set and the request does not carry it as a bearer token"),
+    403: _spec("A browser Origin that QWEN38_SHADOW_ALLOWED_ORIGINS does not allow"),
+}
+UNKNOWN = {**GUARDED, 404: _spec("Unknown session, request or hold")}
+FORGET = {**UNKNOWN, 400: _spec("The session is in use (a read or a question on it), or a foreign Host")}
 ERRORS = {
-    400: _spec("Bad input: malformed JSON, wrong types or fields, ids out of the vocabulary, choices "
-               "that are not one token, an unknown profile"),
-    404: _spec("Unknown session, request or hold"),
+    **UNKNOWN,
+    400: _spec("Bad input: malformed or too deeply nested JSON, wrong types or fields, ids out of the "
+               "vocabulary, choices that are not one token, an unknown profile, a session too long, "
+               "a foreign Host header"),
     413: _spec("The body is larger than QWEN38_SHADOW_MAX_BODY_KB"),
+    415: _spec("The body is not application/json"),
     503: _spec("The shadow is off, or its model is not loaded yet, or failed to load"),
 }
 
@@ -119,6 +138,10 @@ def _exact_components(app: Litestar) -> None:
     assert schema.components.schemas is not None
     for name, raw in components.items():
         schema.components.schemas[name] = _Exact(raw)  # type: ignore[assignment]
+    # A session's name in a path is any name (a "path" parameter only so that it may hold "/"), not a URI.
+    forget = schema.paths[BASE + "/sessions/{session}"].delete  # type: ignore[index]
+    assert forget is not None and forget.parameters
+    forget.parameters[0].schema = _Exact({"type": "string", "minLength": 1, "maxLength": 256})  # type: ignore[union-attr]
 
 
 def _prompt(p: list[int] | Chat) -> dict[str, Any]:
@@ -148,7 +171,8 @@ class ShadowController(Controller):
         return Asked(session=data.session, label=a.label, probabilities=a.probs, behind=a.behind,
                      latency_ms=a.lag_ms)
 
-    @get("/status", sync_to_thread=True, summary="The slot, every session's read position, the windows")
+    @get("/status", responses=GUARDED, sync_to_thread=True,
+         summary="The slot, every session's read position, the windows")
     def status(self, service: ShadowService) -> Status:
         return msgspec.convert(service.status(), Status)
 
@@ -157,6 +181,13 @@ class ShadowController(Controller):
     def narrate(self, data: NarrateBody, service: ShadowService) -> Narrated:
         text, ids, ms = service.narrate(data.session, data.prompt, data.max_new)
         return Narrated(session=data.session, text=text, ids=ids, latency_ms=ms)
+
+    @delete("/sessions/{session:path}", responses=FORGET, status_code=204, sync_to_thread=True,
+            summary="Forget a session: its state, its parked file, its bookkeeping")
+    def forget(self, request: Request[Any, Any, Any], session: Path, service: ShadowService) -> None:
+        # The name as sent (percent-encoded, so it may hold "/"), not the path Litestar normalised.
+        raw = request.scope.get("raw_path") or request.url.path.encode()
+        service.forget(unquote(raw.decode("latin-1").split("/sessions/", 1)[1]))
 
 
 class FeedController(Controller):
@@ -208,12 +239,13 @@ class HostController(Controller):
     def finished(self, data: Round, service: ShadowService) -> Turn:
         return _turn(service.finished(data.request_id, data.ids))
 
-    @post("/holds", responses=ERRORS, status_code=201,
+    @post("/holds", responses={**ERRORS, 429: _spec("QWEN38_SHADOW_MAX_HOLDS holds are live already")},
+          status_code=201,
           summary="Keep the idle window shut (with a TTL)")
     async def add_hold(self, data: HoldBody, service: ShadowService) -> Hold:
         return Hold(hold_id=service.add_hold(data.ttl_s))
 
-    @delete("/holds/{hold_id:str}", responses={404: ERRORS[404]}, status_code=204, summary="End a hold")
+    @delete("/holds/{hold_id:str}", responses=UNKNOWN, status_code=204, summary="End a hold")
     async def release_hold(self, hold_id: str, service: ShadowService) -> None:
         service.release_hold(hold_id)
 
@@ -233,6 +265,23 @@ def _http_problem(request: Request[Any, Any, Any], exc: HTTPException) -> Respon
         detail = f"{detail}: {exc.extra}"
     return Response(Problem(status_code=exc.status_code, detail=str(detail)), status_code=exc.status_code,
                     headers=exc.headers)
+
+
+async def _strict_body(request: Request[Any, Any, Any]) -> None:
+    """Decode the body strictly (msgspec's default) before Litestar's own lenient conversion, which
+    takes ``"17"`` and ``1e3`` as ints; a wrong type, a malformed or a too deeply nested body is 400."""
+    field = request.route_handler.parsed_fn_signature.parameters.get("data")
+    if field is None:
+        return
+    try:
+        msgspec.json.decode(await request.body(), type=field.annotation)
+    except msgspec.ValidationError as err:
+        raise HTTPException(status_code=HTTP_400_BAD_REQUEST, detail=f"wrong body: {err}") from None
+    except msgspec.DecodeError as err:
+        raise HTTPException(status_code=HTTP_400_BAD_REQUEST,
+                            detail=f"the body is not valid JSON (malformed): {err}") from None
+    except RecursionError:
+        raise HTTPException(status_code=HTTP_400_BAD_REQUEST, detail="the body's JSON is nested too deeply") from None
 
 
 def _internal(request: Request[Any, Any, Any], exc: Exception) -> Response[Problem]:
@@ -276,10 +325,13 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
             UnknownRequest: _problem(HTTP_404_NOT_FOUND),
             BadInput: _problem(HTTP_400_BAD_REQUEST),
             ProfileError: _problem(HTTP_400_BAD_REQUEST),
+            TooMany: _problem(HTTP_429_TOO_MANY_REQUESTS),
             ShadowUnavailable: _problem(HTTP_503_SERVICE_UNAVAILABLE),
             ShadowError: _problem(HTTP_500_INTERNAL_SERVER_ERROR),
             Exception: _internal,
         },
+        middleware=[DefineMiddleware(Guard, settings=settings)],
+        before_request=_strict_body,
         logging_config=LoggingConfig(configure_root_logger=False, log_exceptions="never"),
         request_max_body_size=settings.max_body_kb * 1024,
         openapi_config=OpenAPIConfig(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import httpx
 
@@ -40,8 +41,10 @@ class ShadowHTTPError(RuntimeError):
 
 
 class ShadowClient:
-    def __init__(self, base_url: str, timeout: float = 60.0) -> None:
-        self.http = httpx.Client(base_url=base_url.rstrip("/") + BASE, timeout=timeout)
+    def __init__(self, base_url: str, timeout: float = 60.0, token: str | None = None) -> None:
+        """``token``: the service's ``QWEN38_SHADOW_TOKEN``, sent as a bearer token with every call."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=base_url.rstrip("/") + BASE, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -115,6 +118,10 @@ class ShadowClient:
 
     def release_hold(self, hold_id: str) -> None:
         self._call("DELETE", f"/host/holds/{hold_id}")
+
+    def forget(self, session: str) -> None:
+        """Drop a session on the service: its state and its parked file."""
+        self._call("DELETE", f"/sessions/{quote(session, safe='')}")
 
     @contextmanager
     def hold(self) -> Iterator[str]:

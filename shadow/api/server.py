@@ -3,10 +3,22 @@ bound to a loopback socket (the demo and the end-to-end tests: a real server, a 
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
 from typing import Any
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) only takes connections from this machine."""
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
 
 
 def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:

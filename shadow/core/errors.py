@@ -24,3 +24,7 @@ class UnknownSession(ShadowError, KeyError):
 
 class StoreError(ShadowError):
     """A state store could not write a session (disk full, permission): nothing was half-written."""
+
+
+class TooMany(ShadowError):
+    """A client asked for more of a bounded thing (holds) than the service keeps at once."""

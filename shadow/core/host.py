@@ -46,7 +46,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import BadInput, ShadowError
+from .errors import BadInput, ShadowError, TooMany
 
 IDLE_RANK = 4
 REQUEST_RANK = 0
@@ -310,9 +310,15 @@ class HostActivity:
 
     # ---- holds ---------------------------------------------------------------------------------
 
-    def record_hold(self, ttl_s: float | None = None) -> str:
-        """A hold that lasts until ``record_hold_released`` or, with ``ttl_s``, until it expires."""
+    def record_hold(self, ttl_s: float | None = None, limit: int | None = None) -> str:
+        """A hold that lasts until ``record_hold_released`` or, with ``ttl_s``, until it expires;
+        with ``limit``, refused (``TooMany``) while that many are live."""
         with self._mu:
+            if limit is not None:
+                self._expire(self.clock())
+                if len(self._holds) >= limit:
+                    raise TooMany(f"{len(self._holds)} holds are live, the most QWEN38_SHADOW_MAX_HOLDS allows: "
+                                  "release one (DELETE) or let one expire")
             hold_id = f"hold-{next(self._hold_ids)}"
             self._holds[hold_id] = _Hold(None if ttl_s is None else self.clock() + ttl_s)
             return hold_id

@@ -57,6 +57,15 @@ class ShadowSettings(BaseSettings):
                                           "`shadow:` blocks; empty: one profile `default` with mode on")
     profile: str = Field("default", description="the profile of a turn that names none")
     max_body_kb: int = Field(16384, description="largest request body the API accepts, KiB")
+    token: str = Field("", description="bearer token every request must carry (Authorization: Bearer ...); "
+                                       "empty: none, and `shadow serve` binds loopback only")
+    allowed_origins: str = Field("", description="browser origins allowed to call the API, comma-separated "
+                                                 "(https://app.example:443); empty: every Origin is refused")
+    allowed_hosts: str = Field("", description="Host header names accepted besides localhost, 127.0.0.1, ::1 "
+                                               "and HOST, comma-separated; * accepts any")
+    max_holds: int = Field(64, description="holds live at once; one more is refused (429)")
+    max_hold_s: float = Field(3600.0, description="longest time to live of a hold, seconds")
+    max_session_ids: int = Field(2_000_000, description="most ids one session holds; a feed beyond is refused (400)")
 
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
@@ -99,6 +108,16 @@ class ShadowSettings(BaseSettings):
         return bool(self.model.strip())
 
     @property
+    def origins(self) -> set[str]:
+        return {o.strip().rstrip("/").lower() for o in self.allowed_origins.split(",") if o.strip()}
+
+    @property
+    def hosts(self) -> set[str]:
+        """Host header names accepted (no port); ``*`` among them accepts any."""
+        extra = {h.strip().lower().strip("[]") for h in self.allowed_hosts.split(",") if h.strip()}
+        return {"localhost", "127.0.0.1", "::1", self.host.strip().lower().strip("[]")} | extra
+
+    @property
     def trace_exporters(self) -> list[str]:
         return [t for t in _split(self.trace) if t != "none"]
 
@@ -122,7 +141,7 @@ class ShadowSettings(BaseSettings):
             raise ValueError("grid must be a positive multiple of 64 (the GDN kernels' block)")
         return v
 
-    @field_validator("gb", "disk_gb", "idle_poll_s", "idle_window_s", "slice_ms")
+    @field_validator("gb", "disk_gb", "idle_poll_s", "idle_window_s", "slice_ms", "max_hold_s")
     @classmethod
     def _positive(cls, v: float) -> float:
         if v <= 0:
@@ -157,11 +176,11 @@ class ShadowSettings(BaseSettings):
             raise ValueError("must not be empty")
         return v
 
-    @field_validator("max_body_kb")
+    @field_validator("max_body_kb", "max_holds", "max_session_ids")
     @classmethod
     def _body(cls, v: int) -> int:
         if v < 1:
-            raise ValueError("must be at least 1 (KiB)")
+            raise ValueError("must be at least 1")
         return v
 
     @field_validator("trace")

@@ -14,6 +14,8 @@ from shadow.adapters.tokens import get_tokens
 from shadow.api.app import BASE, create_app
 from tests.conftest import GRID, FakeClock, Spans, ids, make_container, make_settings
 
+LOCAL = "http://127.0.0.1"  # the Host the service answers to (a TestClient says testserver.local)
+JSON = {"content-type": "application/json"}
 QUESTION = "Did the agent finish? A: yes, B: no. Answer with the letter."
 
 
@@ -22,7 +24,7 @@ def app_parts(checkpoint: Path, tmp_path: Path, clock: FakeClock, spans: Spans, 
     kw: dict[str, Any] = getattr(request, "param", {})
     c = make_container(make_settings(checkpoint, tmp_path, **kw), clock, spans)
     app = create_app(c, start_idle_loop=False)  # the tests step the idle window themselves
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL) as client:
         yield client, c
 
 
@@ -84,8 +86,9 @@ def test_clear_4xx_errors(app_parts) -> None:
             "not one token")
     problem(post(client, "/ask", {"session": "s", "question": "q", "choices": ["A", "A"]}), 400, "repeat")
     problem(post(client, "/ask", {"session": "s", "question": [], "choices": ["A"]}), 400)
-    problem(client.post(BASE + "/ask", content=b'{"session": "s", "question": '), 400, "malformed")
-    problem(client.post(BASE + "/feed/prompt", content=json.dumps({"session": "s", "prompt": [5] * 2000})), 413)
+    problem(client.post(BASE + "/ask", content=b'{"session": "s", "question": ', headers=JSON), 400, "malformed")
+    problem(client.post(BASE + "/feed/prompt", content=json.dumps({"session": "s", "prompt": [5] * 2000}),
+                        headers=JSON), 413)
     problem(post(client, "/host/round-ended", {"request_id": "never", "ids": []}), 404, "unknown request")
     problem(post(client, "/host/first-token", {"request_id": "never"}), 404, "unknown request")
     problem(post(client, "/narrate", {"session": "s", "prompt": "Summarise."}), 400, "narrator is off")
@@ -130,7 +133,7 @@ def test_profiles_router_shadow_mode_and_narrator(checkpoint: Path, tmp_path: Pa
                                                   spans: Spans) -> None:
     settings = make_settings(checkpoint, tmp_path, profiles=profiles_file(tmp_path), profile="coding")
     c = make_container(settings, clock, spans)
-    with TestClient(create_app(c, start_idle_loop=False)) as client:
+    with TestClient(create_app(c, start_idle_loop=False), base_url=LOCAL) as client:
         svc = c.service()
         svc.idle_step()
         chat = post(client, "/host/started", {"request_id": "c1", "session": "chat-s", "prompt": ids(300),

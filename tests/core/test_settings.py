@@ -33,6 +33,12 @@ SAMPLES = {
     "profiles": ("/etc/qwen38/profiles.yaml", "/etc/qwen38/profiles.yaml"),
     "profile": ("coding", "coding"),
     "max_body_kb": ("512", 512),
+    "token": ("s3cret", "s3cret"),
+    "allowed_origins": ("https://app.example", "https://app.example"),
+    "allowed_hosts": ("shadow.lan,*", "shadow.lan,*"),
+    "max_holds": ("8", 8),
+    "max_hold_s": ("60", 60.0),
+    "max_session_ids": ("100000", 100000),
     "idle_poll_s": ("0.5", 0.5),
     "idle_window_s": ("1.5", 1.5),
     "ration": ("0.03", 0.03),
@@ -198,7 +204,7 @@ from shadow.core.settings import ShadowSettings
 
 settings = ShadowSettings()
 assert settings.model == "" and not settings.on
-with TestClient(create_app(build_container(settings))) as client:
+with TestClient(create_app(build_container(settings)), base_url="http://localhost") as client:
     status = client.get("/v1/conductor/shadow/status")
     asked = client.post("/v1/conductor/shadow/ask", json={"session": "s", "question": "q", "choices": ["A"]})
     fed = client.post("/v1/conductor/shadow/feed/prompt", json={"session": "s", "prompt": [1, 2, 3]})

@@ -1,0 +1,83 @@
+"""What the service refuses before any route runs, and why.
+
+- A ``Host`` header not among the names the service answers to (400): a web page whose name was
+  re-pointed at 127.0.0.1 (DNS rebinding) sends its own name and is turned away.
+- No ``Authorization: Bearer <QWEN38_SHADOW_TOKEN>`` when a token is set (401).
+- An ``Origin`` header not in ``QWEN38_SHADOW_ALLOWED_ORIGINS`` (403): browsers send one with every
+  cross-site POST, hosts (httpx, the engine) send none, so a page the user opens cannot feed, hold
+  or overwrite sessions.
+- A body that is not ``application/json`` (415): a browser sends ``text/plain`` forms cross-site
+  without asking first; JSON it must ask for (CORS preflight), and the preflight is refused above.
+
+Each answer is a ``Problem`` like every other error.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+import msgspec
+
+from shadow.core.settings import ShadowSettings
+
+from .models import Problem
+
+BODY_METHODS = {b"POST", b"PUT", b"PATCH"}
+
+
+def _host_name(value: str) -> str:
+    """``[::1]:8011`` -> ``::1``; ``localhost:8011`` -> ``localhost``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].split("]", 1)[0]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class Guard:
+    """ASGI middleware in front of the Litestar app (lifespan and websockets pass through)."""
+
+    def __init__(self, app: Any, settings: ShadowSettings) -> None:
+        self.app = app
+        self.hosts = settings.hosts
+        self.origins = settings.origins
+        self.token = settings.token.encode()
+
+    def refusal(self, scope: Any) -> tuple[int, str] | None:
+        headers: dict[bytes, bytes] = {}
+        for k, v in scope.get("headers", []):
+            headers.setdefault(k.lower(), v)
+        host = _host_name(headers.get(b"host", b"").decode("latin-1"))
+        if "*" not in self.hosts and host not in self.hosts:
+            return 400, (f"Host {host!r} is not one this service answers to ({', '.join(sorted(self.hosts))}; "
+                         "QWEN38_SHADOW_ALLOWED_HOSTS adds names)")
+        if self.token:
+            given = headers.get(b"authorization", b"")
+            scheme, _, value = given.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), self.token):
+                why = "no bearer token" if not given else "a wrong bearer token"
+                return 401, f"{why}: this service needs Authorization: Bearer <QWEN38_SHADOW_TOKEN>"
+        origin = headers.get(b"origin")
+        if origin is not None:
+            o = origin.decode("latin-1").strip().rstrip("/").lower()
+            if o not in self.origins:
+                return 403, (f"requests from the browser origin {o!r} are refused "
+                             "(QWEN38_SHADOW_ALLOWED_ORIGINS allows origins)")
+        if scope.get("method", "").encode() in BODY_METHODS:
+            ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
+            if ctype != b"application/json":
+                shown = ctype.decode("latin-1") or "none"
+                return 415, f"the body must be application/json (Content-Type: {shown})"
+        return None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or (refused := self.refusal(scope)) is None:
+            await self.app(scope, receive, send)
+            return
+        status, detail = refused
+        body = msgspec.json.encode(Problem(status_code=status, detail=detail))
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
