@@ -1,4 +1,4 @@
-"""``shadow`` on the command line: ``serve``, ``demo`` and ``verify``."""
+"""``shadow`` on the command line: ``serve``, ``proxy``, ``demo`` and ``verify``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shadow.core.settings import DEFAULT_HOME
 
@@ -150,7 +150,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     """The service from settings (environment and serve.env), until interrupted."""
     from shadow.api.app import create_app
-    from shadow.api.server import is_loopback, serve
+    from shadow.api.server import serve
     from shadow.container import build_container
     from shadow.core.errors import ShadowError
     from shadow.core.settings import ShadowSettings
@@ -167,12 +167,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ShadowError as err:
         print(f"shadow serve: {err}", file=sys.stderr)
         return 2
-    if not settings.token and not is_loopback(settings.host):
-        print(f"shadow serve: refusing to listen on {settings.host} without a token: anyone who reaches it "
-              "could feed, overwrite or forget sessions. Set QWEN38_SHADOW_TOKEN (clients send it as "
-              "Authorization: Bearer ...), or listen on 127.0.0.1.", file=sys.stderr)
+    if _open_without_token(settings, "serve"):
         return 2
     serve(create_app(container), settings.host, settings.port, log_level=args.log_level)
+    return 0
+
+
+def _open_without_token(settings: Any, command: str) -> bool:
+    """Says so (and is True) when ``settings`` would listen beyond loopback with no token."""
+    from shadow.api.server import is_loopback
+
+    if settings.token or is_loopback(settings.host):
+        return False
+    print(f"shadow {command}: refusing to listen on {settings.host} without a token: anyone who reaches it "
+          "could feed, overwrite or forget sessions. Set QWEN38_SHADOW_TOKEN (clients send it as "
+          "Authorization: Bearer ...), or listen on 127.0.0.1.", file=sys.stderr)
+    return True
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    """The OpenAI-compatible proxy in front of ``--upstream``, with the service's own routes."""
+    from shadow.api.server import serve
+    from shadow.container import build_container
+    from shadow.core.errors import ShadowError
+    from shadow.core.settings import ShadowSettings
+    from shadow.proxy import create_proxy_app
+
+    overrides: dict[str, object] = {}
+    if args.port is not None:
+        overrides["port"] = args.port
+    if args.host is not None:
+        overrides["host"] = args.host
+    try:
+        settings = ShadowSettings(_env_file=args.env_file, **overrides)
+        container = build_container(settings)
+        container.profiles()
+    except ShadowError as err:
+        print(f"shadow proxy: {err}", file=sys.stderr)
+        return 2
+    if _open_without_token(settings, "proxy"):
+        return 2
+    app = create_proxy_app(args.upstream, container, timeout_s=args.timeout)
+    # no Server or Date header of the proxy's own: the client gets the upstream's headers as they were
+    serve(app, settings.host, settings.port, log_level=args.log_level, server_header=False, date_header=False)
     return 0
 
 
@@ -236,13 +273,21 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
     s.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     s.add_argument("--log-level", default="info")
+    p = sub.add_parser("proxy", help="an OpenAI-compatible proxy in front of vLLM / SGLang / llama.cpp, "
+                                     "followed by the shadow")
+    p.add_argument("--upstream", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
+    p.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
+    p.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream (default 600)")
+    p.add_argument("--log-level", default="info")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")
     v.add_argument("paths", nargs="*",
                    help="session files or folders (default: the folder QWEN38_SHADOW_SESSIONS names)")
     v.add_argument("--turns", default=":", help="which requests of each session, as START:END (default all)")
     v.add_argument("--max-tokens", type=int, default=0, help="skip turns longer than this (0: keep all)")
     args = ap.parse_args(argv)
-    return {"demo": cmd_demo, "serve": cmd_serve, "verify": cmd_verify}[args.command](args)
+    return {"demo": cmd_demo, "serve": cmd_serve, "proxy": cmd_proxy, "verify": cmd_verify}[args.command](args)
 
 
 if __name__ == "__main__":

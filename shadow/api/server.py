@@ -21,23 +21,24 @@ def is_loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
-def serve(app: Any, host: str, port: int, log_level: str = "info") -> None:
+def serve(app: Any, host: str, port: int, log_level: str = "info", **config: Any) -> None:
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, lifespan="on")
+    uvicorn.run(app, **{"host": host, "port": port, "log_level": log_level, "lifespan": "on", **config})
 
 
 class BackgroundServer:
     """uvicorn on its own thread, on a socket bound before it starts (port 0: any free port)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 **config: Any) -> None:
         import uvicorn
 
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+        self.server = uvicorn.Server(uvicorn.Config(app, **{"log_level": log_level, "lifespan": "on", **config}))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="shadow-server", daemon=True)
 

@@ -1,0 +1,114 @@
+"""A scripted OpenAI-style upstream: a small ASGI app that answers each chat completion with the
+recorded assistant reply of a real session, streamed as fixed SSE chunks (or whole), so a test knows
+every byte the upstream sent.
+
+Test hooks ride on request headers, which the proxy forwards unchanged: ``x-test-fail-after: N``
+breaks the stream after N chunks (the app raises, uvicorn drops the connection), and
+``x-test-delay: S`` sleeps S seconds between chunks (room for a client to disconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+PIECE = 24  # characters per streamed delta
+
+
+def _pieces(text: str) -> list[str]:
+    return [text[i:i + PIECE] for i in range(0, len(text), PIECE)]
+
+
+def sse_chunks(response: dict[str, Any]) -> list[bytes]:
+    """The SSE events an OpenAI-style server streams for ``response`` (an assistant message)."""
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        obj = {"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0, "model": "qwen",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    reasoning = response.get("reasoning_content") or response.get("thinking") or response.get("reasoning")
+    if isinstance(reasoning, str):
+        out += [chunk({"reasoning_content": p}) for p in _pieces(reasoning)]
+    content = response.get("content")
+    if isinstance(content, str):
+        out += [chunk({"content": p}) for p in _pieces(content)]
+    for i, call in enumerate(response.get("tool_calls") or []):
+        fn = call["function"]
+        args = fn["arguments"] if isinstance(fn["arguments"], str) else json.dumps(fn["arguments"], ensure_ascii=False)
+        out.append(chunk({"tool_calls": [{"index": i, "id": call.get("id", f"call_{i}"), "type": "function",
+                                          "function": {"name": fn["name"], "arguments": ""}}]}))
+        out += [chunk({"tool_calls": [{"index": i, "function": {"arguments": p}}]}) for p in _pieces(args)]
+    out.append(chunk({}, "tool_calls" if response.get("tool_calls") else "stop"))
+    out.append(b"data: [DONE]\n\n")
+    return out
+
+
+def whole_body(response: dict[str, Any]) -> bytes:
+    msg = {k: v for k, v in response.items() if k in ("role", "content", "reasoning_content", "tool_calls")}
+    obj = {"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": "qwen",
+           "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]}
+    return json.dumps(obj, ensure_ascii=False).encode()
+
+
+def key(messages: list[dict[str, Any]]) -> str:
+    return json.dumps(messages, sort_keys=True, ensure_ascii=False)
+
+
+MODELS = b'{"object":"list","data":[{"id":"qwen","object":"model","owned_by":"test"}]}'
+
+
+class ScriptedUpstream:
+    def __init__(self, replies: dict[str, dict[str, Any]]) -> None:
+        self.replies = replies
+        self.requests: list[tuple[str, str, bytes]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            while (await receive())["type"] != "lifespan.shutdown":
+                pass
+            return
+        body = bytearray()
+        while True:
+            m = await receive()
+            body.extend(m.get("body", b""))
+            if not m.get("more_body"):
+                break
+        self.requests.append((scope["method"], scope["path"], bytes(body)))
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        if scope["path"] == "/v1/models":
+            await _send(send, 200, [(b"content-type", b"application/json")], [MODELS])
+            return
+        if scope["path"] != "/v1/chat/completions":
+            echo = json.dumps({"path": scope["path"], "query": scope["query_string"].decode(),
+                               "body": body.decode()}).encode()
+            await _send(send, 418, [(b"content-type", b"application/json"), (b"x-upstream", b"echo")], [echo])
+            return
+        req = json.loads(body)
+        reply = self.replies.get(key(req["messages"]))
+        if reply is None:
+            await _send(send, 404, [(b"content-type", b"application/json")], [b'{"error":"no such turn"}'])
+            return
+        if not req.get("stream"):
+            await _send(send, 200, [(b"content-type", b"application/json")], [whole_body(reply)])
+            return
+        fail_after = int(headers.get("x-test-fail-after", "-1"))
+        delay = float(headers.get("x-test-delay", "0"))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        for i, c in enumerate(sse_chunks(reply)):
+            if i == fail_after:
+                raise RuntimeError("the scripted upstream breaks mid-stream")
+            await send({"type": "http.response.body", "body": c, "more_body": True})
+            if delay:
+                await asyncio.sleep(delay)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _send(send: Any, status: int, headers: list[tuple[bytes, bytes]], parts: list[bytes]) -> None:
+    size = str(sum(map(len, parts))).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"content-length", size)]})
+    for p in parts:
+        await send({"type": "http.response.body", "body": p, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
