@@ -110,6 +110,10 @@ class StateStore(Protocol):
 
     def info(self, name: str) -> Stored | None: ...
 
+    def close(self) -> None:
+        """Let go of what the store holds open (the disk's folder lock); no more ``put`` after it."""
+        ...
+
 
 class Scheduler(Protocol):
     """Grants the reader a window and reads in it. ``step`` is one grant: it reads what the window

@@ -209,7 +209,11 @@ class Residency:
             del self._known[session]
 
     def close(self) -> None:
-        """A planned stop: after the call in flight (the lock), park every resident session."""
+        """A planned stop: after the call in flight (the lock), park every resident session, then
+        let go of the stores (the disk's folder, for the next process)."""
         with self.lock:
             for name in list(self.memory.names()):
                 self._evict(name)
+            self.memory.close()
+            if self.disk is not None:
+                self.disk.close()

@@ -13,6 +13,7 @@ No tensors here: the reader keeps the state these numbers describe.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -67,6 +68,52 @@ class Position:
         return cls(int(meta.get("n_ids", 0)), int(meta.get("committed", 0)), int(meta.get("turns", 0)),
                    tuple(meta.get("checkpoints", ())), int(meta.get("rollbacks", 0)), int(meta.get("reread", 0)),
                    float(meta.get("last_used", 0.0)))
+
+
+def _int(meta: dict[str, Any], key: str, low: int = 0, high: int | None = None) -> int:
+    v = meta.get(key)
+    if type(v) is not int or v < low or (high is not None and v > high):
+        raise ValueError(f"book {key} is {v!r}: not an int in [{low}, {'...' if high is None else high}]")
+    return v
+
+
+def _lines(meta: dict[str, Any], key: str, grid: int, low: int, high: int, *, strict: bool = True,
+           most: int | None = MAX_CHECKPOINTS) -> list[int]:
+    v = meta.get(key)
+    if not isinstance(v, list) or (most is not None and len(v) > most) or any(type(x) is not int for x in v):
+        raise ValueError(f"book {key} is {v!r}: not a list of {'' if most is None else f'at most {most} '}ints")
+    bad = [x for x in v if x % grid or not low <= x <= high]
+    if bad:
+        raise ValueError(f"book {key} holds {bad}: not grid lines ({grid}) in [{low}, {high}]")
+    if strict and v != sorted(set(v)):
+        raise ValueError(f"book {key} is {v}: not ascending without repeats")
+    return v
+
+
+def checked_meta(meta: Any, grid: int) -> dict[str, Any]:
+    """``SessionBook.meta()`` as a parked file gives it back, every field checked against the
+    others and the reader's ``grid``: a file that passes cannot fail a later read. Raises
+    ValueError naming the field."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"book is {type(meta).__name__}, not an object")
+    want = {*SessionBook._META, "n_ids"}
+    if set(meta) != want:
+        raise ValueError(f"book fields differ: missing {sorted(want - set(meta))}, unknown {sorted(set(meta) - want)}")
+    if meta["grid"] != grid or type(meta["grid"]) is not int:
+        raise ValueError(f"book grid is {meta['grid']!r}, this reader's is {grid}")
+    n = _int(meta, "n_ids")
+    committed = _int(meta, "committed", 0, n)
+    if committed % grid:
+        raise ValueError(f"book committed is {committed}: not a grid line ({grid})")
+    for key in ("turns", "rollbacks", "reread"):
+        _int(meta, key)
+    last = meta["last_used"]
+    if type(last) not in (int, float) or not math.isfinite(last):
+        raise ValueError(f"book last_used is {last!r}: not a finite number")
+    _lines(meta, "checkpoints", grid, grid, committed)
+    _lines(meta, "wanted", grid, grid, n, most=None)  # one per turn fed while the reader lags
+    _lines(meta, "prompt_lines", grid, 0, n, strict=False)
+    return meta
 
 
 @dataclass

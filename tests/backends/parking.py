@@ -37,7 +37,9 @@ def ids_for(seed: int, n: int) -> list[int]:
 
 
 def assert_exact(sh, name: str) -> None:
-    """Read what is pending, then every tensor must equal a fresh prefill of the session's ids."""
+    """Restore (a parked file refused on opening is found here, not after the read), read what is
+    pending, then every tensor must equal a fresh prefill of the session's ids."""
+    sh.restore(name)
     sh.read(name)
     got, want = sh.export_state(name), sh.fresh_state(sh.session_ids(name))
     assert got.keys() == want.keys()

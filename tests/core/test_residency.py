@@ -47,11 +47,15 @@ class Memory:
         held = self.held.get(name)
         return None if held is None else Stored(held[1].nbytes)
 
+    def close(self) -> None:
+        pass
+
 
 @dataclass
 class Disk:
     files: dict[str, tuple[SessionBook, Tensors]] = field(default_factory=dict)
     full: bool = False
+    closed: bool = False
 
     def put(self, name: str, book: SessionBook, tensors: Tensors) -> int:
         if self.full:
@@ -75,6 +79,9 @@ class Disk:
     def info(self, name: str) -> Stored | None:
         f = self.files.get(name)
         return None if f is None else Stored(f[1].nbytes, 0.0, f[0].position())
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def residency(disk: Disk | None, cap: int | None, size: int = 100) -> tuple[Residency, list[Tensors]]:
@@ -204,5 +211,5 @@ def test_close_parks_every_resident_session():
     for name in "ab":
         feed(r, name, 10)
     r.close()
-    assert sorted(disk.files) == ["a", "b"] and r.memory.names() == []
+    assert sorted(disk.files) == ["a", "b"] and r.memory.names() == [] and disk.closed
 

@@ -31,3 +31,6 @@ class MemoryStore:
     def info(self, name: str) -> Stored | None:
         held = self._held.get(name)
         return None if held is None else Stored(held[1].nbytes())
+
+    def close(self) -> None:
+        """Nothing held open: the tensors stay until taken or removed."""

@@ -1,0 +1,179 @@
+"""A parked file is bound to its session (name, book, ids under the checksum; the file's name;
+one process per folder), and every field is checked when it opens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
+from shadow.backends.stores.disk import _checksum
+
+from .parking import T0, assert_exact, ids_for, make
+
+REPO = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("parked") / "model", demo_text_config(), dtype=torch.float32)
+
+
+def _two_parked(ckpt: Path, disk: Path):
+    """Two sessions of equal length (the case that loaded the wrong one without a word), parked."""
+    sh = make(ckpt, disk)
+    for name, seed in (("alpha", 1), ("bravo", 2)):
+        sh.feed_prompt(name, ids_for(seed, 300))
+        sh.read()
+        sh.park(name)
+    return sh, {name: sh.disk._path(name) for name in ("alpha", "bravo")}
+
+
+def _read(file: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    with safe_open(str(file), framework="pt") as f:
+        return dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+
+
+def _rewrite(file: Path, book_changes: dict, changes: dict[str, str]) -> None:
+    """Change metadata and write the checksum again: a file as a faulty writer would leave it, whose
+    checksum is right and whose fields are not (only the checks on opening can tell)."""
+    meta, data = _read(file)
+    if book_changes:
+        meta["book"] = json.dumps({**json.loads(meta["book"]), **book_changes})
+    meta.update(changes)
+    meta["checksum"] = _checksum(data, meta)
+    save_file(data, str(file), metadata=meta)
+
+
+def _flip_in_header(file: Path, old: bytes, new: bytes) -> None:
+    raw = file.read_bytes()
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    at = raw.index(old)
+    assert at < header_end and len(old) == len(new)
+    file.write_bytes(raw[:at] + new + raw[at + len(old):])
+
+
+# ---- bound to its session ------------------------------------------------------------------
+
+
+def test_exchanged_files_are_refused_in_this_process_and_the_next(ckpt, tmp_path):
+    sh, files = _two_parked(ckpt, tmp_path / "d")
+    a, b = files["alpha"].read_bytes(), files["bravo"].read_bytes()
+    files["alpha"].write_bytes(b)
+    files["bravo"].write_bytes(a)
+    assert_exact(sh, "alpha")  # not bravo's tensors under alpha's ids: refused, and read again
+    assert list(sh.session_ids("alpha")) == ids_for(1, 300)
+    assert any("holds session 'bravo'" in why for _, why in sh.disk.refused)
+    sh.close()
+    files["alpha"].write_bytes(b)  # and again, for a process that finds them at its start
+    files["bravo"].write_bytes(a)
+    sh2 = make(ckpt, tmp_path / "d")
+    assert sh2.sessions() == [] and not files["alpha"].exists() and not files["bravo"].exists()
+    assert len(sh2.disk.refused) == 2 and all("whose file is" in why for _, why in sh2.disk.refused)
+
+
+def test_a_flipped_name_byte_is_refused(ckpt, tmp_path):
+    sh, files = _two_parked(ckpt, tmp_path / "d")
+    _flip_in_header(files["alpha"], b'"session":"alpha"', b'"session":"alphc"')
+    assert_exact(sh, "alpha")
+    assert sh.disk.refused and not files["alpha"].exists()
+    sh.park("alpha")
+    sh.close()
+    _flip_in_header(files["alpha"], b'"session":"alpha"', b'"session":"alphc"')
+    sh2 = make(ckpt, tmp_path / "d")
+    assert sh2.sessions() == ["bravo"]  # no "alphc" made up from a damaged file
+    assert_exact(sh2, "bravo")
+
+
+def test_the_checksum_covers_the_name_and_the_book(ckpt, tmp_path):
+    sh, files = _two_parked(ckpt, tmp_path / "d")
+    sh.close()
+    # A name changed and the file renamed to match: every check on opening passes; the checksum does not.
+    _flip_in_header(files["alpha"], b'"session":"alpha"', b'"session":"alphc"')
+    files["alpha"].rename(sh.disk._path("alphc"))
+    # A book changed within what the checks on opening allow (another turn count).
+    meta, data = _read(files["bravo"])
+    meta["book"] = json.dumps({**json.loads(meta["book"]), "turns": 7})
+    save_file(data, str(files["bravo"]), metadata=meta)
+    sh2 = make(ckpt, tmp_path / "d")
+    assert sorted(sh2.sessions()) == ["alphc", "bravo"]  # found: the headers look right
+    for name in ("alphc", "bravo"):
+        sh2.restore(name)
+    assert [why for _, why in sh2.disk.refused] == ["checksum mismatch", "checksum mismatch"]
+    assert sh2.position("bravo").turns == 0 and sh2.disk.names() == []
+
+
+def test_two_processes_never_share_a_folder(ckpt, tmp_path):
+    disk = tmp_path / "d"
+    other = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(REPO)!r})
+        from pathlib import Path
+        from tests.backends.parking import make, ids_for
+        sh = make(Path({str(ckpt)!r}), Path({str(disk)!r}))
+        sh.feed_prompt("s", ids_for(1, 300)); sh.read(); sh.park("s")
+        print(sh.disk.root, flush=True)
+        sys.stdin.readline()  # hold the folder until told
+        sh.close()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None and other.stdin is not None
+        assert other.stdout.readline().strip() == str(disk)
+        sh = make(ckpt, disk)  # the same folder asked for: this process gets one of its own
+        assert sh.disk.root == disk / "also-1" and sh.sessions() == []
+        sh.feed_prompt("s", ids_for(2, 300))  # the same session name, other ids
+        sh.read()
+        sh.park("s")
+        assert _read(disk / sh.disk._path("s").name)[1]["ids"].tolist() == ids_for(1, 300)  # untouched
+        other.stdin.write("\n")
+        other.stdin.flush()
+        assert other.wait(60) == 0
+    finally:
+        other.kill()
+        other.wait()
+    sh.close()
+    again = make(ckpt, disk)  # both gone: the folder is free, and holds the first process's session
+    assert again.disk.root == disk and list(again.session_ids("s")) == ids_for(1, 300)
+    assert_exact(again, "s")
+
+
+# ---- every field checked on opening ---------------------------------------------------------
+
+BAD_FIELDS = {
+    "book grid 513": ({"grid": 513}, {}, "book grid is 513"),
+    "committed past the ids": ({"committed": 384}, {}, "book committed is 384"),
+    "committed off the grid": ({"committed": 200}, {}, "not a grid line"),
+    "committed against the tensors": ({"committed": 256, "checkpoints": []}, {}, "KV rows are [320]"),
+    "fewer ids than the book": ({"n_ids": 350}, {}, "the book holds 350"),
+    "a checkpoint not held": ({"checkpoints": [64, 128]}, {}, "the book holds [64, 128]"),
+    "a negative count": ({"rollbacks": -1}, {}, "book rollbacks is -1"),
+    "an unknown book field": ({"extra": 1}, {}, "unknown ['extra']"),
+    "parked in the future": ({}, {"parked_at": repr(T0 + 3600)}, "not a time at or before now"),
+    "parked at NaN": ({}, {"parked_at": "nan"}, "not a time at or before now"),
+    "not JSON": ({}, {"book": "{"}, "bad metadata"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FIELDS))
+def test_bad_metadata_is_refused_on_opening(ckpt, tmp_path, case):
+    book, meta, why = BAD_FIELDS[case]
+    sh = make(ckpt, tmp_path / "d")
+    sh.feed_prompt("s", ids_for(1, 370))
+    sh.read()
+    sh.park("s")
+    file = sh.disk._path("s")
+    _rewrite(file, book, meta)
+    assert_exact(sh, "s")  # in this process: refused on opening, and read again
+    assert not file.exists() and why in sh.disk.refused[-1][1]
+    sh.park("s")
+    sh.close()
+    _rewrite(file, book, meta)
+    sh2 = make(ckpt, tmp_path / "d")  # a new process refuses it when it looks at the folder
+    assert sh2.sessions() == [] and why in sh2.disk.refused[-1][1] and not file.exists()
