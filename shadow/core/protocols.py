@@ -96,7 +96,8 @@ class StateStore(Protocol):
     device) or ``disk`` (parked files). ``peek`` returns what the store holds and keeps it; ``take``
     returns it and lets go of it. Both return None for a session the store does not hold, or holds
     in a form it refuses (corrupt, other weights, other grid, other format), which it then removes;
-    ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written."""
+    ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written. The facade
+    restores with ``peek``: a parked file stays until a newer ``put`` replaces it or ``remove``."""
 
     def put(self, name: str, book: SessionBook, tensors: Any) -> int: ...
 

@@ -3,9 +3,13 @@
 Resident bytes are counted from what the memory store reports (KV capacity and checkpoints
 included). Past ``cap_bytes`` the least recently used session not in use is parked, or dropped
 and later read again from the start when there is no disk or the write fails. A parked session
-comes back on its next use. One re-entrant lock serialises every call, so the session a call
-uses is never evicted under it; a session larger than the cap is resident while in use and
-parked as soon as the use ends. Torch-free: the tensors are the stores' and the reader's.
+comes back on its next use; its file stays until a newer park replaces it or it is forgotten, so a
+crash costs the reading since the last park, never the session. A dropped session waits for its
+next use (fed, asked, read by name) before the background reads it again: over the cap with no
+disk, reading one session must not drop another only to read that one again, without end. One
+re-entrant lock serialises every call, so the session a call uses is never evicted under it; a
+session larger than the cap is resident while in use and parked as soon as the use ends.
+Torch-free: the tensors are the stores' and the reader's.
 """
 
 from __future__ import annotations
@@ -120,7 +124,8 @@ class Residency:
         held = self.memory.peek(name)
         if held is not None:
             return held
-        got = self.disk.take(name) if self.disk is not None and entry.where == "parked" else None
+        # peek, not take: the file stays as what a crash falls back to, until a newer park replaces it
+        got = self.disk.peek(name) if self.disk is not None and entry.where == "parked" else None
         if got is not None:
             parked_book, tensors = got
             book = entry.book if entry.book is not None else parked_book
@@ -159,7 +164,8 @@ class Residency:
 
     def bytes_on_disk(self, session: str) -> int:
         with self.lock:
-            if self._entry(session).where != "parked" or self.disk is None:
+            self._entry(session)
+            if self.disk is None:  # (a resident session's last park stays on disk: it is counted too)
                 return 0
             info = self.disk.info(session)
             return info.bytes if info is not None else 0

@@ -1,9 +1,11 @@
 """A parked file is bound to its session (name, book, ids under the checksum; the file's name;
-one process per folder), and every field is checked when it opens."""
+one process per folder), every field is checked when it opens, and it outlives a crash."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -177,3 +179,46 @@ def test_bad_metadata_is_refused_on_opening(ckpt, tmp_path, case):
     _rewrite(file, book, meta)
     sh2 = make(ckpt, tmp_path / "d")  # a new process refuses it when it looks at the folder
     assert sh2.sessions() == [] and why in sh2.disk.refused[-1][1] and not file.exists()
+
+
+# ---- a crash costs the reading since the last park --------------------------------------------
+
+
+def test_a_kill_while_sessions_are_resident_leaves_their_last_park(ckpt, tmp_path):
+    disk = tmp_path / "d"
+    p_a, p_b = ids_for(1, 330), ids_for(2, 300)
+    o_b = ids_for(3, 120)
+    worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time; sys.path.insert(0, {str(REPO)!r})
+        from pathlib import Path
+        from tests.backends.parking import make, ids_for
+        sh = make(Path({str(ckpt)!r}), Path({str(disk)!r}))
+        sh.feed_prompt("a", {p_a!r}); sh.feed_prompt("b", {p_b!r}); sh.read()
+        sh.park("a"); sh.park("b")
+        sh.feed_prompt("a", {p_a!r} + ids_for(4, 200))  # both resident again and read past their parks
+        sh.feed_output("b", {o_b!r}); sh.read()
+        assert sh.status()["sessions"]["b"]["where"] == "resident" and sh.position("b").committed == 384
+        print("ready", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout is not None and worker.stdout.readline().strip() == "ready"
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(60)
+    finally:
+        worker.kill()
+        worker.wait()
+    sh = make(ckpt, disk)
+    assert sh.disk.root == disk  # the kill let go of the folder
+    assert sorted(sh.sessions()) == ["a", "b"] and sh.disk.refused == []
+    assert (sh.position("a").length, sh.position("a").committed) == (330, 320)  # as of the last park
+    assert (sh.position("b").length, sh.position("b").committed) == (300, 256)
+    # The host's next prompts bring them up to date: a extends its parked ids; b's re-render differs
+    # from what was parked below its committed rows, so it rolls back (to the start: no checkpoint below).
+    sh.feed_prompt("a", p_a + ids_for(4, 200) + ids_for(5, 40))
+    b_now = p_b[:100] + ids_for(6, 400)
+    sh.feed_prompt("b", b_now)
+    assert sh.position("a").rollbacks == 0 and sh.position("b").rollbacks == 1
+    for name in ("a", "b"):
+        assert_exact(sh, name)
+    assert list(sh.session_ids("b")) == b_now

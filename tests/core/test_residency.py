@@ -124,7 +124,7 @@ def test_a_session_in_use_is_never_evicted_and_an_oversized_one_parks_after_use(
     assert r.where("big") == "parked" and r.resident_bytes() == 0
 
 
-def test_a_parked_session_comes_back_with_its_own_tensors():
+def test_a_parked_session_comes_back_with_its_own_tensors_and_its_file_stays():
     disk = Disk()
     r, made = residency(disk, cap=None)
     feed(r, "s", 200, committed=128)
@@ -132,7 +132,15 @@ def test_a_parked_session_comes_back_with_its_own_tensors():
     assert r.where("s") == "parked" and "s" in disk.files
     with r.using("s") as (book, tensors):
         assert tensors is made[0] and book.committed == 128
-    assert len(made) == 1 and "s" not in disk.files
+        book.committed = 192  # read on after the restore
+    # The last park stays, as what a crash falls back to, until a newer park replaces it.
+    assert len(made) == 1 and disk.files["s"][0].committed == 128
+    assert r.bytes_on_disk("s") == 100 and r.where("s") == "resident"
+    r.park("s")
+    assert disk.files["s"][0].committed == 192
+    r.restore("s")
+    r.forget("s")
+    assert disk.files == {}
 
 
 def test_without_a_disk_an_evicted_session_is_dropped_and_read_again():
