@@ -31,6 +31,7 @@ Where = Literal["resident", "parked", "dropped"]
 class _Entry:
     where: Where
     book: SessionBook | None  # None: parked by an earlier process; the book is in its file
+    awaits_use: bool = False  # dropped and not used since: the background leaves it alone
 
 
 class Residency:
@@ -93,6 +94,17 @@ class Residency:
                     return tuple(book.ids)
             return tuple(entry.book.ids)
 
+    def awaits_use(self, session: str) -> bool:
+        """Dropped and not used since: the background (``read()`` of every session, the idle
+        window) does not read it again until it is used."""
+        with self.lock:
+            return self._entry(session).awaits_use
+
+    def used(self, session: str) -> None:
+        """A use that needs no state (output ids appended): the session may be read again."""
+        with self.lock:
+            self._entry(session).awaits_use = False
+
     def held_book(self, session: str) -> SessionBook | None:
         """The book of a session whose bookkeeping is at hand (resident or dropped): what a change
         that needs no state (output ids appended) updates in place. None while it is parked."""
@@ -103,14 +115,17 @@ class Residency:
     # ---- using a session ---------------------------------------------------------------------
 
     @contextmanager
-    def using(self, session: str, create: bool = False) -> Iterator[tuple[SessionBook, Any]]:
-        """The session's book and tensors, resident for the duration (restored or made empty first)."""
+    def using(self, session: str, create: bool = False, background: bool = False) -> Iterator[tuple[SessionBook, Any]]:
+        """The session's book and tensors, resident for the duration (restored or made empty first).
+        ``background``: the reader's own reading, which is not a use (see ``awaits_use``)."""
         with self.lock:
             entry = self._known.get(session)
             if entry is None:
                 if not create:
                     raise UnknownSession(f"unknown session {session!r}")
                 entry = self._known[session] = _Entry("resident", SessionBook(self.grid))
+            if not background:
+                entry.awaits_use = False
             self._in_use.add(session)
             try:
                 book, tensors = self._make_resident(session, entry)
@@ -155,7 +170,7 @@ class Residency:
                 self.park_failures += 1
                 self.last_store_error = str(err)
         book.reset_for_reread()
-        entry.where = "dropped"
+        entry.where, entry.awaits_use = "dropped", True
 
     def bytes_resident(self, session: str) -> int:
         with self.lock:

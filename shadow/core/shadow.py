@@ -117,6 +117,7 @@ class Shadow:
             if book is not None:
                 book.feed_output(output)  # bookkeeping only: no need to bring the state back
                 book.last_used = self.clock()
+                self.residency.used(session)
                 return
         with self.residency.using(session) as (book, _):
             book.feed_output(output)
@@ -139,6 +140,13 @@ class Shadow:
         with self._lock:
             return {name: self.residency.position(name).pending for name in self.residency.names()}
 
+    def readable_backlogs(self) -> dict[str, int]:
+        """``backlogs`` of the sessions the background may read: all but those dropped and not used
+        since (what the idle window polls, so that it goes quiet once the host stops feeding)."""
+        with self._lock:
+            return {name: self.residency.position(name).pending for name in self.residency.names()
+                    if not self.residency.awaits_use(name)}
+
     def committed_rows(self) -> dict[str, int]:
         """Rows read, per session (resident or parked)."""
         with self._lock:
@@ -157,9 +165,9 @@ class Shadow:
 
     def read(self, session: str | None = None, budget_s: float | None = None,
              max_chunks: int | None = None) -> list[ChunkRead]:
-        """Read whole chunks now: of ``session``, or of every session with a whole chunk pending,
-        resident ones first, longest backlog first. With a budget, a chunk starts only if its
-        estimated cost (the session's last chunk's) still fits."""
+        """Read whole chunks now: of ``session`` (a use), or of every session with a whole chunk
+        pending but those dropped and not used since, resident ones first, longest backlog first.
+        With a budget, a chunk starts only if its estimated cost (the session's last chunk's) still fits."""
         spent = 0.0
         done: list[ChunkRead] = []
         with self._lock:
@@ -167,12 +175,12 @@ class Shadow:
                 self.residency.check(session)
                 names = [session]
             else:
-                pending = {n: b for n, b in self.backlogs().items() if b >= self.grid}
+                pending = {n: b for n, b in self.readable_backlogs().items() if b >= self.grid}
                 names = sorted(pending, key=lambda n: (self.residency.where(n) != "resident", -pending[n]))
             for name in names:
-                if self.backlog(name) < self.grid:
-                    continue
-                with self.residency.using(name) as (book, tensors):
+                if self.backlog(name) < self.grid or (session is None and self.residency.awaits_use(name)):
+                    continue  # (dropped meanwhile, to make room for the one read before it)
+                with self.residency.using(name, background=session is None) as (book, tensors):
                     while book.pending >= self.grid:
                         if max_chunks is not None and len(done) >= max_chunks:
                             return done

@@ -153,6 +153,24 @@ def test_the_idle_window_stays_shut_while_busy(checkpoint, tmp_path, clock):
     assert len(svc.idle_step()) == 10
 
 
+def test_over_the_cap_without_a_disk_the_idle_window_goes_quiet(checkpoint, tmp_path, clock, spans):
+    c, svc = loaded(checkpoint, tmp_path / "one", clock, None)
+    svc.feed_prompt("x", ids(10 * GRID))
+    svc.idle_step()
+    size = c.shadow().resident_bytes()
+    c, svc = loaded(checkpoint, tmp_path, clock, spans, gb=2.5 * size / 2**30)  # room for two of three
+    for i, name in enumerate("abc"):
+        svc.feed_prompt(name, ids(10 * GRID, i))
+    per_step = [len(svc.idle_step()) for _ in range(20)]
+    assert per_step[0] <= 30 and per_step[1:] == [0] * 19  # the one dropped is not read again unused
+    windows = len(spans.all("shadow.window"))
+    assert windows == 1  # and no window opens for nothing once the host stops feeding
+    dropped = [n for n in "abc" if svc.status()["sessions"][n]["where"] == "dropped"]
+    assert len(dropped) == 1
+    svc.feed_output(dropped[0], ids(5, 9))  # used again: the idle window reads it
+    assert len(svc.idle_step()) == 10 and svc.status()["sessions"][dropped[0]]["committed"] == 10 * GRID
+
+
 # ---- the ration ------------------------------------------------------------------------------------
 
 def test_the_ration_spends_at_most_its_share_in_slices_prompt_then_output(checkpoint, tmp_path, clock, spans):

@@ -143,6 +143,22 @@ def test_a_parked_session_comes_back_with_its_own_tensors_and_its_file_stays():
     assert disk.files == {}
 
 
+def test_a_dropped_session_waits_for_a_use_before_the_background_reads_it():
+    disk = Disk(full=True)  # nothing can be parked: eviction drops
+    r, _ = residency(disk, cap=150)
+    feed(r, "a", 200, committed=192)
+    feed(r, "b", 200, committed=192)
+    assert r.where("a") == "dropped" and r.awaits_use("a") and not r.awaits_use("b")
+    with r.using("a", background=True):  # the reader's own reading is not a use ...
+        pass
+    assert r.awaits_use("a") and r.where("b") == "dropped" and r.awaits_use("b")
+    with r.using("a"):  # ... a feed, a question, a read by name are
+        pass
+    assert not r.awaits_use("a")
+    r.used("b")  # (output ids appended to a dropped session: no state needed)
+    assert not r.awaits_use("b")
+
+
 def test_without_a_disk_an_evicted_session_is_dropped_and_read_again():
     r, made = residency(None, cap=150)
     feed(r, "a", 200, committed=192)

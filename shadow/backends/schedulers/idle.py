@@ -3,7 +3,8 @@
 One ``step`` is one look (the service's loop looks every 0.2 s):
 
 1. the host is busy (a request runs or waits, a hold is on): nothing;
-2. nothing to do (no whole chunk pending anywhere, the model loaded or not wanted): nothing;
+2. nothing to do (no whole chunk pending in any session but those dropped and not used since, the
+   model loaded or not wanted): nothing. Once the host stops feeding, this holds for good;
 3. take the box lock without waiting (held: nothing). The model's first load, soon after the
    start, happens here, under the box lock only: a request that comes meanwhile does not wait for it;
 4. take the engine lock at rank 4, behind every waiter (not free within ``lock_wait_s``: nothing),
@@ -24,7 +25,7 @@ from shadow.core.scheduling import IDLE_WINDOW_S, Clock, NullTelemetry, Telemetr
 from shadow.core.shadow import ChunkRead, Shadow
 from shadow.core.slot import Slot
 
-from .common import backlog_after, backlogs, read_one
+from .common import backlog_after, read_one
 
 
 class IdleScheduler:
@@ -47,7 +48,7 @@ class IdleScheduler:
         if shadow is None:
             return self.slot.due
         grid = shadow.grid
-        if any(b >= grid for b in backlogs(shadow).values()):
+        if any(b >= grid for b in shadow.readable_backlogs().values()):
             return True
         return self.questions is not None and self.questions.pending(shadow)
 
