@@ -170,6 +170,20 @@ class TorchReader:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
 
+    def _forward_pieces(self, ids: list[int], state: ModelState) -> torch.Tensor:
+        """fp32 logits of the last of ``ids`` after a forward in pieces of at most ``grid`` rows, as
+        the fast path's fork runs: no attention mask past ``grid`` rows by the session, however
+        long the question (the CPU path materialises one)."""
+        if not ids:
+            raise ValueError("a fork needs at least one id")
+        out = None
+        for pos in range(0, len(ids), self.grid):
+            last = pos + self.grid >= len(ids)
+            out = self.model.forward(torch.tensor(ids[pos:pos + self.grid], dtype=torch.long), state,
+                                     logits_at=[-1] if last else None)
+        assert out is not None
+        return out[0]
+
     def fork_logits(self, book: SessionBook, tensors: SessionTensors, extra: list[int],
                     upto: int | None = None) -> torch.Tensor:
         """fp32 logits after the pending tail (up to ``upto``) and ``extra``, leaving the committed
@@ -185,10 +199,7 @@ class TorchReader:
                 fork.close()
         saved = state.save_recurrent()
         try:
-            ids = torch.tensor(book.ids[committed:upto] + extra, dtype=torch.long)
-            out = self.model.forward(ids, state, logits_at=[-1])
-            assert out is not None
-            return out[0]
+            return self._forward_pieces(book.ids[committed:upto] + extra, state)
         finally:
             state.truncate(committed)
             state.load_recurrent(saved)
@@ -213,14 +224,13 @@ class TorchReader:
                 fork.close()
         saved = state.save_recurrent()
         try:
-            logits = self.model.forward(torch.tensor(book.ids[committed:] + prompt, dtype=torch.long), state,
-                                        logits_at=[-1])
+            logits: torch.Tensor | None = self._forward_pieces(book.ids[committed:] + prompt, state)
             while logits is not None and len(out) < max_new:
-                token = int(logits[0].argmax())
+                token = int(logits.argmax())
                 out.append(token)
                 if token in stop or len(out) == max_new:
                     break
-                logits = self.model.forward(torch.tensor([token], dtype=torch.long), state, logits_at=[-1])
+                logits = self._forward_pieces([token], state)
             return out
         finally:
             state.truncate(committed)

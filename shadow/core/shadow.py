@@ -194,6 +194,14 @@ class Shadow:
                         done.append(ChunkRead(name, first, self.grid, cost))
         return done
 
+    def _read_tail(self, name: str, book: Any, tensors: Any, upto: int | None = None) -> None:
+        """Read the pending tail's whole chunks (below ``upto``) through the normal path before a
+        fork: they are on the grid, so they are committed, exact and not wasted, and the fork then
+        covers less than one chunk of the session (no attention over a long tail at once)."""
+        end = len(book.ids) if upto is None else upto
+        while end - book.committed >= self.grid:
+            self._last_cost_s[name] = self.reader.read_chunk(book, tensors)
+
     # ---- asking --------------------------------------------------------------------------
 
     def _choice_tokens(self, choices: Sequence[str]) -> list[int]:
@@ -238,6 +246,7 @@ class Shadow:
                     raise BadInput(f"cannot ask at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
                 behind = (len(book.ids) if at is None else at) - book.committed
+                self._read_tail(session, book, tensors, upto=at)
                 logits = self.reader.fork_logits(book, tensors, q, upto=at)
                 probs = self.reader.probabilities(logits, tokens)
         best = max(range(len(choices)), key=lambda i: probs[i])
@@ -252,6 +261,7 @@ class Shadow:
             self.residency.check(session)
             ids = self._question(prompt)
             with self.residency.using(session) as (book, tensors):
+                self._read_tail(session, book, tensors)
                 return self.reader.fork_decode(book, tensors, ids, max_new, self.prompter.stop_ids)
 
     # ---- state -------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Reading is bounded: over the cap with nowhere to park, reading converges instead of dropping one
-session to read another without end."""
+session to read another without end; a question over a long unread tail never attends over more
+than one chunk of the session at once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
+from shadow.backends.qwen35.model import Qwen35
 
 from .parking import MIB, assert_exact, ids_for, make
 
@@ -40,3 +42,33 @@ def test_over_the_cap_without_a_disk_reading_converges(ckpt):
     sh.feed_output(dropped[0], ids_for(9, 5))
     assert len(sh.read()) == 3 and sh.position(dropped[0]).committed == 1536
     assert_exact(sh, dropped[0])
+
+
+def test_a_question_over_a_long_tail_attends_one_chunk_at_a_time(ckpt, monkeypatch):
+    shapes: list[tuple[int, int]] = []
+    mask = Qwen35._causal_mask
+
+    def spy(self, start: int, n: int):
+        # Fail before the allocation, not after: the old path built a 32k x 32k mask here.
+        assert n <= GRID, f"a forward of {n} rows at {start}: an attention mask past one chunk"
+        shapes.append((start, n))
+        return mask(self, start, n)
+
+    tail = ids_for(7, 32 * 1024 + 100)
+    sh = make(ckpt, None, grid=GRID)
+    sh.feed_prompt("long", tail)
+    monkeypatch.setattr(Qwen35, "_causal_mask", spy)
+    question = ids_for(8, 700)  # longer than a chunk too: the fork runs it in pieces
+    answer = sh.ask("long", question, ["A", "B"])
+    monkeypatch.undo()
+    assert answer.behind == len(tail)  # asked with nothing read ...
+    assert sh.position("long").committed == 64 * GRID  # ... its whole chunks are read, on the grid
+    assert max(n for _, n in shapes) == GRID and len(shapes) == 64 + 2  # 64 chunks, the fork in two pieces
+    assert shapes[-2:] == [(64 * GRID, GRID), (65 * GRID, 100 + 700 - GRID)]
+    # What was read is what a plain read leaves, and the answer is what asking after it gives.
+    same = make(ckpt, None, grid=GRID)
+    same.feed_prompt("long", tail)
+    same.read()
+    assert same.ask("long", question, ["A", "B"]).probs == answer.probs
+    got, want = sh.export_state("long"), same.export_state("long")
+    assert all(torch.equal(got[k], want[k]) for k in want)
