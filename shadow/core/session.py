@@ -132,6 +132,13 @@ class SessionBook:
     _META: ClassVar[tuple[str, ...]] = ("grid", "committed", "checkpoints", "wanted", "turns", "rollbacks",
                                         "reread", "last_used", "prompt_lines")
 
+    # What a held id costs the host in CPython: a list slot (8 bytes) and an int object (28 bytes;
+    # only ints up to 256 are shared). The GB cap counts it, so long sessions cannot grow unseen.
+    ID_BYTES: ClassVar[int] = 36
+
+    def ids_nbytes(self) -> int:
+        return len(self.ids) * self.ID_BYTES
+
     def meta(self) -> dict[str, Any]:
         """Everything but the ids, JSON-ready (the ids travel as a tensor beside it)."""
         return {**{k: getattr(self, k) for k in self._META}, "n_ids": len(self.ids)}

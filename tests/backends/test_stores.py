@@ -378,3 +378,21 @@ def test_sigkill_while_parking_never_loads_a_corrupt_state(ckpt, tmp_path):
     assert r.stdout.strip().endswith(f"ok {trials}")
     restored = int(r.stdout.split("restored_from_file")[1].split()[0])
     assert restored >= trials // 2, f"only {restored} of {trials} kills left a parked file: the test missed its point"
+
+
+def test_a_resident_session_counts_its_ids_as_well_as_its_tensors(tmp_path):
+    """Six sessions of 1M ids once added 300 MB that the GB cap never saw: the ids count now."""
+    from shadow.backends.qwen35 import ModelState, Qwen35Config
+    from shadow.backends.reader import SessionTensors
+    from shadow.backends.stores import MemoryStore
+    from shadow.core.session import SessionBook
+
+    cfg = Qwen35Config.from_dict(demo_text_config())
+    tensors = SessionTensors(ModelState.empty(cfg, "cpu", torch.float32))
+    store = MemoryStore()
+    store.put("short", SessionBook(grid=64, ids=[300] * 10), tensors)
+    store.put("long", SessionBook(grid=64, ids=[300] * 1_000_000), tensors)
+    short, long = store.info("short"), store.info("long")
+    assert short is not None and long is not None
+    assert long.bytes - short.bytes == (1_000_000 - 10) * SessionBook.ID_BYTES
+    assert short.bytes == tensors.nbytes() + 10 * SessionBook.ID_BYTES

@@ -30,7 +30,8 @@ class MemoryStore:
 
     def info(self, name: str) -> Stored | None:
         held = self._held.get(name)
-        return None if held is None else Stored(held[1].nbytes())
+        # the device tensors and the session's ids on the host: both are what it holds resident
+        return None if held is None else Stored(held[1].nbytes() + held[0].ids_nbytes())
 
     def close(self) -> None:
         """Nothing held open: the tensors stay until taken or removed."""
