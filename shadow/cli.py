@@ -147,10 +147,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if equal else 1
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """The service from settings (environment and serve.env), until interrupted."""
-    from shadow.api.app import create_app
-    from shadow.api.server import serve
+def _listening(args: argparse.Namespace, command: str) -> tuple[Any, Any] | None:
+    """(settings, container) for a command that listens: settings from the environment, ``--env-file``,
+    ``--port`` and ``--host``; None (having said why) when they are bad or would listen beyond
+    loopback without a token."""
+    from shadow.api.server import is_loopback
     from shadow.container import build_container
     from shadow.core.errors import ShadowError
     from shadow.core.settings import ShadowSettings
@@ -165,48 +166,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
         container = build_container(settings)
         container.profiles()  # a bad profile file fails here, at start, naming the file and key
     except ShadowError as err:
-        print(f"shadow serve: {err}", file=sys.stderr)
+        print(f"shadow {command}: {err}", file=sys.stderr)
+        return None
+    if not settings.token and not is_loopback(settings.host):
+        print(f"shadow {command}: refusing to listen on {settings.host} without a token: anyone who reaches it "
+              "could feed, overwrite or forget sessions. Set QWEN38_SHADOW_TOKEN (clients send it as "
+              "Authorization: Bearer ...), or listen on 127.0.0.1.", file=sys.stderr)
+        return None
+    return settings, container
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The service from settings (environment and serve.env), until interrupted."""
+    from shadow.api.app import create_app
+    from shadow.api.server import serve
+
+    started = _listening(args, "serve")
+    if started is None:
         return 2
-    if _open_without_token(settings, "serve"):
-        return 2
+    settings, container = started
     serve(create_app(container), settings.host, settings.port, log_level=args.log_level)
     return 0
-
-
-def _open_without_token(settings: Any, command: str) -> bool:
-    """Says so (and is True) when ``settings`` would listen beyond loopback with no token."""
-    from shadow.api.server import is_loopback
-
-    if settings.token or is_loopback(settings.host):
-        return False
-    print(f"shadow {command}: refusing to listen on {settings.host} without a token: anyone who reaches it "
-          "could feed, overwrite or forget sessions. Set QWEN38_SHADOW_TOKEN (clients send it as "
-          "Authorization: Bearer ...), or listen on 127.0.0.1.", file=sys.stderr)
-    return True
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """The OpenAI-compatible proxy in front of ``--upstream``, with the service's own routes."""
     from shadow.api.server import serve
-    from shadow.container import build_container
-    from shadow.core.errors import ShadowError
-    from shadow.core.settings import ShadowSettings
     from shadow.proxy import create_proxy_app
 
-    overrides: dict[str, object] = {}
-    if args.port is not None:
-        overrides["port"] = args.port
-    if args.host is not None:
-        overrides["host"] = args.host
-    try:
-        settings = ShadowSettings(_env_file=args.env_file, **overrides)
-        container = build_container(settings)
-        container.profiles()
-    except ShadowError as err:
-        print(f"shadow proxy: {err}", file=sys.stderr)
+    started = _listening(args, "proxy")
+    if started is None:
         return 2
-    if _open_without_token(settings, "proxy"):
-        return 2
+    settings, container = started
     app = create_proxy_app(args.upstream, container, timeout_s=args.timeout)
     # no Server or Date header of the proxy's own: the client gets the upstream's headers as they were
     serve(app, settings.host, settings.port, log_level=args.log_level, server_header=False, date_header=False)
