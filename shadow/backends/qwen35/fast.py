@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from . import kernels
+from . import attention, kernels
 from .gdn import gated_delta_rule_chunked
 from .model import Qwen35, _Full, _Linear
 from .state import ModelState
@@ -308,6 +308,10 @@ class FastForward:
         state.k[i][start:end].copy_(k)
         state.v[i][start:end].copy_(v)
         if not compute:
+            return
+        cfg = self.cfg
+        if attention.fits(r.n, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
+            attention.attend(q, state.k[i], state.v[i], start, r.attn)
             return
         keys = state.k[i][:end].permute(1, 0, 2)[None]
         values = state.v[i][:end].permute(1, 0, 2)[None]

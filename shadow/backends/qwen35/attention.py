@@ -1,0 +1,192 @@
+"""Chunk attention for the fast path: a Triton flash kernel for head dim 256 with the query heads
+of a KV head packed as rows, split over the keys, merged by log-sum-exp.
+
+Why our own kernel: a chunk is 512 queries against up to 200k keys at head dim 256 with 4 query
+heads per KV head. torch's flash (FA2) runs that at about 300 TFLOP/s on an H200, and cuDNN is
+slower (``benchmarks/attention_variants.py``). Packing the 4 query heads of a KV head as rows
+(``m = token * G + head``) makes every key tile serve 4x the rows, and splitting the keys fills
+the GPU's SMs when there are only 512 queries.
+
+Exactness: the split count and every block shape depend on ``(rows, end)`` alone, never on a
+buffer's capacity or on the device's state, and the merge adds the splits in a fixed order. The
+same chunk at the same depth therefore gives the same bits in every process, which is what keeps
+a session read over many turns equal to a fresh prefill on the same grid.
+
+Causality: query ``t`` (at absolute position ``start + t``) sees keys ``0 .. start + t``; rows
+past ``n`` (padding) come last and are not written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, lse_ptr, start, n, end, split_len,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                 rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid_m * BM + tl.arange(0, BM)  # packed rows: token * G + head within the group
+    t = rows // G
+    head = h * G + rows % G
+    row_ok = t < n
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    pos = start + t
+    lo = s * split_len
+    # The last key any row of this block sees, and the first key where some row stops seeing.
+    t_max = tl.minimum(pid_m * BM + BM - 1, rows_total - 1) // G
+    hi = tl.minimum(tl.minimum(lo + split_len, end), start + t_max + 1)
+    free = tl.minimum(hi, start + (pid_m * BM) // G + 1)  # keys every row of the block sees
+    free = lo + tl.maximum(free - lo, 0) // BN * BN
+
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    cols0 = tl.arange(0, BN)
+    for kb in range(lo, free, BN):
+        cols = kb + cols0
+        k = tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh + d[:, None])
+        if UPCAST:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, k) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :])
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    for kb in range(free, hi, BN):
+        cols = kb + cols0
+        col_ok = cols < hi
+        k = tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh + d[:, None], mask=col_ok[None, :], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, k) * qk_scale
+        qk = tl.where(col_ok[None, :] & (cols[None, :] <= pos[:, None]), qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+        p = tl.math.exp2(qk - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :], mask=col_ok[:, None], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+
+    seen = l_i > 0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    if SPLIT:
+        at = (s * tl.num_programs(1) + h) * rows_total + rows
+        tl.store(part_ptr + at[:, None] * D + d[None, :], out, mask=row_ok[:, None])
+        tl.store(lse_ptr + at, tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf")),
+                 mask=row_ok)
+    else:
+        tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _merge_kernel(part_ptr, lse_ptr, o_ptr, n, splits, rows_total, stride_ot, stride_oh, G: tl.constexpr,
+                  D: tl.constexpr, BM: tl.constexpr):
+    pid_m, h = tl.program_id(0), tl.program_id(1)
+    heads = tl.num_programs(1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    t = rows // G
+    row_ok = t < n
+    d = tl.arange(0, D)
+    top = tl.full([BM], float("-inf"), tl.float32)
+    for s in range(0, splits):
+        top = tl.maximum(top, tl.load(lse_ptr + (s * heads + h) * rows_total + rows, mask=row_ok, other=0.0))
+    total = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    for s in range(0, splits):  # a fixed order: the same bits every time
+        at = (s * heads + h) * rows_total + rows
+        w = tl.math.exp2(tl.load(lse_ptr + at, mask=row_ok, other=float("-inf")) - top)
+        total += w
+        acc += w[:, None] * tl.load(part_ptr + at[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    out = acc / tl.where(row_ok, total, 1.0)[:, None]
+    head = h * G + rows % G
+    tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+# Triton's interpreter (the CPU tests) multiplies bf16 tiles as raw integers: there the tiles are
+# widened to fp32 first, and the blocks are small so that the tests see the split and the merge.
+# On the GPU the products are bf16 tensor-core products.
+UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
+
+# Fixed launch shapes (never autotuned; see the module docstring). 132 SMs on an H200: splits are
+# sized so that a chunk's programs fill them about twice.
+BM, BN, WARPS, STAGES = (16, 16, 4, 1) if UPCAST else (128, 64, 8, 2)
+TARGET_PROGRAMS = 264
+MIN_SPLIT = 64 if UPCAST else 1024
+MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
+
+
+def fits(n: int, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether this kernel serves a pass of ``n`` rows at this shape."""
+    return n >= MIN_ROWS and head_dim == triton.next_power_of_2(head_dim) and head_dim <= 256 and heads % kv_heads == 0
+
+
+def split_len(rows_total: int, kv_heads: int, end: int, bm: int = BM, bn: int = BN, min_split: int = MIN_SPLIT) -> int:
+    """Keys per split, a multiple of ``bn``: a function of the shape and the depth only."""
+    blocks = triton.cdiv(rows_total, bm) * kv_heads
+    splits = max(1, min(TARGET_PROGRAMS // blocks, triton.cdiv(end, min_split)))
+    return triton.cdiv(triton.cdiv(end, splits), bn) * bn
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
+           bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT) -> None:
+    """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
+    ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
+    are not read)."""
+    n, heads, d = q.shape
+    kv = keys.shape[1]
+    g = heads // kv
+    end = start + n
+    rows_total = n * g
+    step = split_len(rows_total, kv, end, bm, bn, min_split)
+    splits = triton.cdiv(end, step)
+    scale = d ** -0.5 * LOG2E
+    grid = (triton.cdiv(rows_total, bm), kv, splits)
+    common = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+              out.stride(0), out.stride(1), rows_total, scale)
+    if splits == 1:
+        _attn_kernel[grid](q, keys, values, out, out, out, start, n, end, step, *common, G=g, D=d, BM=bm, BN=bn,
+                           SPLIT=False, UPCAST=UPCAST, num_warps=warps, num_stages=stages)
+        return
+    part = torch.empty(splits * kv * rows_total, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
+    _attn_kernel[grid](q, keys, values, out, part, lse, start, n, end, step, *common, G=g, D=d, BM=bm, BN=bn,
+                       SPLIT=True, UPCAST=UPCAST, num_warps=warps, num_stages=stages)
+    merge_bm = 16
+    _merge_kernel[(triton.cdiv(rows_total, merge_bm), kv)](part, lse, out, n, splits, rows_total, out.stride(0),
+                                                         out.stride(1), G=g, D=d, BM=merge_bm, num_warps=4)
+
+
+def attend_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """The same attention in fp32 torch: what the kernel is checked against."""
+    n, heads, d = q.shape
+    g = heads // keys.shape[1]
+    end = start + n
+    k = keys[:end].float().repeat_interleave(g, dim=1)  # [end, H, D]
+    v = values[:end].float().repeat_interleave(g, dim=1)
+    scores = torch.einsum("thd,khd->htk", q.float(), k) * d ** -0.5
+    allowed = torch.arange(end, device=q.device)[None, :] <= (start + torch.arange(n, device=q.device))[:, None]
+    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    return torch.einsum("htk,khd->thd", scores.softmax(-1), v)

@@ -1,0 +1,50 @@
+"""The fast path's chunk attention kernel against the fp32 torch form beside it (Triton's
+interpreter on the CPU, with the small tiles it takes there, so the split and the merge run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shadow.backends.qwen35 import attention
+
+pytest.importorskip("triton")
+
+
+def _inputs(n: int, start: int, heads: int, kv: int, d: int, seed: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n, heads, d, generator=gen).to(dtype)
+    # Rows past start + n hold garbage that must not be read.
+    k = torch.randn(start + n + 7, kv, d, generator=gen).to(dtype)
+    v = torch.randn(start + n + 7, kv, d, generator=gen).to(dtype)
+    k[start + n:] = float("nan")
+    v[start + n:] = float("nan")
+    return q, k, v
+
+
+@pytest.mark.parametrize(("n", "start", "heads", "kv"), [(16, 0, 4, 2), (24, 40, 8, 2), (17, 150, 4, 1)])
+def test_attend_matches_the_reference(n, start, heads, kv):
+    q, k, v = _inputs(n, start, heads, kv, 32, seed=n + start, dtype=torch.float32)
+    out = torch.empty_like(q)
+    attention.attend(q, k, v, start, out)
+    assert torch.allclose(out, attention.attend_reference(q, k, v, start), atol=1e-5, rtol=1e-5)
+
+
+def test_splits_change_only_rounding_and_repeat_bit_for_bit():
+    n, start = 16, 200
+    q, k, v = _inputs(n, start, 4, 2, 32, seed=3, dtype=torch.bfloat16)
+    ref = attention.attend_reference(q, k, v, start)
+    for min_split in (64, 10_000):  # four splits merged, then one pass
+        out = torch.empty_like(q)
+        attention.attend(q, k, v, start, out, min_split=min_split)
+        assert (out.float() - ref).abs().max() < 2e-2
+        again = torch.empty_like(q)
+        attention.attend(q, k, v, start, again, min_split=min_split)
+        assert torch.equal(out, again)
+    assert attention.split_len(n * 2, 2, start + n, min_split=64) < start + n  # the first really split
+
+
+def test_fits_only_what_it_serves():
+    assert attention.fits(512, 8, 2, 256)
+    assert not attention.fits(1, 8, 2, 256)  # decode stays on torch's flash kernel
+    assert not attention.fits(512, 8, 2, 96)  # not a power of two
