@@ -213,13 +213,7 @@ class TorchReader:
         if self.fast is not None:
             fork = self.fast.fork(book.ids[committed:] + prompt, state)
             try:
-                while fork.logits is not None and len(out) < max_new:
-                    token = int(fork.logits.argmax())
-                    out.append(token)
-                    if token in stop or len(out) == max_new:
-                        break
-                    fork.extend([token])
-                return out
+                return fork.decode(max_new, stop) if max_new > 0 else out
             finally:
                 fork.close()
         saved = state.save_recurrent()

@@ -193,3 +193,34 @@ def test_fast_path_replay_equals_fresh_and_forks_are_pure(checkpoints):
     got, want = sh.export_state("s"), sh.fresh_state(book_ids)
     for name in want:
         assert torch.equal(got[name], want[name]), f"{name} differs from a fresh prefill on the fast path"
+
+
+def test_device_decode_equals_the_token_by_token_loop(checkpoints):
+    """``_Fork.decode`` feeds each argmax on the device and looks at the tokens in batches: it must
+    give the tokens of the plain loop (argmax on the host, one pass each), cut at the first stop id
+    even when that id lands inside a batch, and leave the committed rows alone."""
+    from shadow.backends.qwen35.fast import FastForward
+
+    model = Qwen35.from_pretrained(checkpoints["float32"], device=DEV, dtype="float32")
+    ff = FastForward(model, grid=64)
+    state = model.new_state()
+    ids = torch.randint(0, 248000, (64 + 9,), generator=torch.Generator().manual_seed(5))
+    ff.read_chunk(ids[:64], state)
+
+    fork = ff.fork(ids[64:].tolist(), state)
+    loop: list[int] = []
+    for _ in range(5):
+        assert fork.logits is not None
+        loop.append(int(fork.logits.argmax()))
+        fork.extend([loop[-1]])
+    fork.close()
+    assert state.length == 64
+
+    fork = ff.fork(ids[64:].tolist(), state)
+    assert fork.decode(5, stop=set(), look_every=3) == loop
+    fork.close()
+    fork = ff.fork(ids[64:].tolist(), state)
+    got = fork.decode(5, stop={loop[1]}, look_every=3)  # the stop id lands inside the first batch
+    fork.close()
+    assert got == loop[:loop.index(loop[1]) + 1]
+    assert state.length == 64

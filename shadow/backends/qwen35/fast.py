@@ -45,7 +45,9 @@ from .gdn import gated_delta_rule_chunked
 from .model import Qwen35, _Full, _Linear
 from .state import ModelState
 
-FORK_SIZES = (1, 8, 32, 64, 128, 256, 384)  # fork pass sizes below the grid; the grid itself is one too
+# Fork pass sizes below the grid (the grid itself is one too): above 64 rows a question pads by at
+# most a quarter.
+FORK_SIZES = (1, 8, 32, 64, 128, 192, 256, 320, 384, 448)
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +388,9 @@ class FastForward:
         if not self.use_graphs or self.pool is not None:
             return self.capture_s
         t0 = time.perf_counter()
+        # Capture empties the allocator's cache on entry: empty it first, so that the difference
+        # below is what the capture added, not what it freed.
+        torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved(self.device)
         self.pool = torch.cuda.graph_pool_handle()
         self.valid.fill_(1)
@@ -447,6 +452,28 @@ class _Fork:
             state.length += take
             pos += take
         return self
+
+    def decode(self, max_new: int, stop: set[int], look_every: int = 16) -> list[int]:
+        """Greedy decoding from the fork's logits. Each token's argmax feeds the next pass on the
+        device, with no trip to the host in between, so the host queues passes while the GPU runs
+        them; the host reads the tokens every ``look_every`` and cuts at the first stop id (the
+        passes queued after it only wrote scratch rows above the committed ones)."""
+        fast, state = self.fast, self.state
+        out: list[int] = []
+        queued: list[torch.Tensor] = []
+        while self.logits is not None:
+            queued.append(self.logits.argmax().view(1))
+            if len(out) + len(queued) == max_new or len(queued) == look_every:
+                for token in torch.cat(queued).tolist():
+                    out.append(token)
+                    if token in stop:
+                        return out
+                queued.clear()
+                if len(out) == max_new:
+                    return out
+            self.logits = fast._pass(queued[-1] if queued else torch.tensor([out[-1]]), state, 1, logits=True)
+            state.length += 1
+        return out
 
     def close(self) -> None:
         self.state.truncate(self.committed)

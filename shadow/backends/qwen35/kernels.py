@@ -200,7 +200,7 @@ def _conv_state_kernel(proj_ptr, state_ptr, valid_ptr, C, stride_proj, KERNEL: t
 
 
 def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, head: int,
-              valid: torch.Tensor, out: torch.Tensor) -> None:
+              valid: torch.Tensor, out: torch.Tensor, block_t: int = 16, warps: int = 4) -> None:
     """The depthwise causal conv and SiLU over ``proj[:, :C]`` after the held columns ``state``
     [C, kernel]; writes [q | k | v] blocks into ``out`` (q and k l2-normalised per ``head``
     channels) and then moves ``state`` on by ``valid`` rows."""
@@ -208,10 +208,9 @@ def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key
     n = proj.shape[0]
     if key_dim % head or (c - 2 * key_dim) % head:
         raise ValueError(f"conv channels ({key_dim}, {c - 2 * key_dim}) are not whole heads of {head}")
-    block_t = 16
     _conv_silu_kernel[(triton.cdiv(n, block_t), c // head)](
         proj, state, weight, out, n, c, key_dim, proj.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head,
-        num_warps=4)
+        num_warps=warps)
     _conv_state_kernel[(triton.cdiv(c, 128),)](proj, state, valid, c, proj.stride(0), KERNEL=kernel,
                                                BLOCK_C=128, num_warps=4)
 
