@@ -24,12 +24,11 @@ from benchmarks.common import environment
 from shadow.backends.qwen35 import attention
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256
-SHAPES = [  # (bm, bn, warps, stages, target programs)
-    (attention.BM, attention.BN, attention.WARPS, attention.STAGES, attention.TARGET_PROGRAMS),
-    (128, 64, 8, 3, 264), (128, 32, 8, 3, 264), (64, 64, 4, 2, 264), (64, 64, 4, 3, 264),
-    (128, 64, 8, 2, 132), (128, 64, 8, 2, 528), (64, 32, 4, 3, 528),
+SHAPES = [  # (bm, bn, warps, stages, target programs, least keys a split)
+    (attention.BM, attention.BN, attention.WARPS, attention.STAGES, attention.TARGET_PROGRAMS, attention.MIN_SPLIT),
+    (128, 64, 8, 2, 264, 1024), (128, 64, 8, 2, 264, 256), (64, 64, 4, 3, 264, 128), (128, 64, 8, 2, 132, 128),
 ]
-CASES = [(512, 512), (512, 8704), (512, 33280), (512, 100864), (384, 33152), (384, 100736), (32, 33024)]
+CASES = [(512, 512), (512, 2560), (512, 8704), (512, 33280), (512, 100864), (384, 33152), (384, 100736), (32, 33024)]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -63,17 +62,18 @@ def case(n: int, end: int) -> dict[str, object]:
     flops = 4 * n * HEADS * HEAD_DIM * (start + (n + 1) / 2)
     row["flash_tflops"] = flops / row["flash_ms"] / 1e9  # type: ignore[operator]
     variants = []
-    for bm, bn, warps, stages, target in SHAPES:
+    for bm, bn, warps, stages, target, min_split in SHAPES:
         attention.TARGET_PROGRAMS = target
         out = torch.empty_like(q)
 
-        def ours(out: torch.Tensor = out, shape: tuple[int, int, int, int] = (bm, bn, warps, stages)) -> None:
-            attention.attend(q, k, v, start, out, bm=shape[0], bn=shape[1], warps=shape[2], stages=shape[3])
+        def ours(out: torch.Tensor = out, shape: tuple[int, ...] = (bm, bn, warps, stages, min_split)) -> None:
+            attention.attend(q, k, v, start, out, bm=shape[0], bn=shape[1], warps=shape[2], stages=shape[3],
+                             min_split=shape[4])
 
         try:
             ms = event_ms(ours)
         except Exception as e:  # a shape that does not fit (shared memory, registers) is reported, not fatal
-            variants.append({"shape": [bm, bn, warps, stages, target], "error": repr(e)[:300]})
+            variants.append({"shape": [bm, bn, warps, stages, target, min_split], "error": repr(e)[:300]})
             continue
         ours()
         first = out.clone()
@@ -84,7 +84,7 @@ def case(n: int, end: int) -> dict[str, object]:
             ours()
         host_us = (time.perf_counter() - t0) / 50 * 1e6
         torch.cuda.synchronize()
-        variants.append({"shape": [bm, bn, warps, stages, target], "ms": ms, "tflops": flops / ms / 1e9,
+        variants.append({"shape": [bm, bn, warps, stages, target, min_split], "ms": ms, "tflops": flops / ms / 1e9,
                          "err": (out.float() - ref).abs().max().item(), "repeat_equal": torch.equal(first, out),
                          "host_us": host_us})
     attention.TARGET_PROGRAMS = SHAPES[0][4]

@@ -5,9 +5,10 @@ changes (``grid`` rows), but its depth and its session do. Everything except att
 the chunk alone, so it is captured once per row count and replayed for every session at every
 depth. Attention runs eagerly between the pieces, over the session's own KV rows, which can
 therefore grow in 8,192-row steps as before: no per-session reservation of a maximum length, no
-paging, and the attention kernel sees the same shapes as in the torch forward (a split-KV kernel
-that sized its splits from the buffer's capacity would change bits as the buffer grew; a slice
-of the used rows cannot). The engines do the same (vLLM's piecewise graphs).
+paging. The engines do the same (vLLM's piecewise graphs). Passes of 16 rows or more (chunks,
+questions) attend through our own kernel (``attention.py``: 4 query heads a KV head packed as
+rows, keys split by a rule of the depth alone); fewer rows (decode) through torch's flash kernel.
+Neither sizes anything from a buffer's capacity, which would change bits as the buffer grew.
 
 Per-session state that the graphs touch lives in static buffers shared by every session: the
 conv and recurrent state are copied in before a forward and, for a chunk that commits, copied
