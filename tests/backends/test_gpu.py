@@ -38,6 +38,9 @@ def test_no_fla_kernel_is_left_to_choose_by_timing():
 
     assert gdn_fla.available()
     assert gdn_fla.unpinned() == []
+    # every configuration the data file chose exists in this fla and was the one pinned
+    chosen = gdn_fla._chosen_configs()
+    assert {name: gdn_fla.PINNED.get(name) for name in chosen} == {name: "chosen" for name in chosen}
 
 
 def test_fla_path_same_inputs_same_bits():

@@ -134,7 +134,7 @@ UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
 # sized so that a chunk's programs fill them about twice.
 BM, BN, WARPS, STAGES = (16, 16, 4, 1) if UPCAST else (128, 64, 8, 2)
 TARGET_PROGRAMS = 264
-MIN_SPLIT = 64 if UPCAST else 128  # two key blocks: even a depth-0 chunk fills the SMs
+MIN_SPLIT = 64 if UPCAST else 1024
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
 
 

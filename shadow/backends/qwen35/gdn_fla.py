@@ -3,16 +3,20 @@
 fla's kernels are autotuned by timing: the fastest configuration of the moment wins, and some
 of them split the K reduction differently (chunk_o's BK), so two processes could round
 differently. shadow's exactness needs the same bits in every process, so before first use every
-fla autotuner is cut down to a single configuration (the first one it lists; Triton runs no
-benchmark when there is only one). Which configuration that is depends on fla's version, which
-the ``gpu`` extra pins.
+fla autotuner is cut down to a single configuration (Triton runs no benchmark when there is only
+one): the one ``shadow/data/kernels/fla_configs.json`` names for it, picked once offline, or else
+the first it lists. Which configurations exist depends on fla's version, which the ``gpu`` extra
+pins.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import warnings
+from importlib import resources
+from typing import Any
 
 import torch
 
@@ -31,20 +35,38 @@ def available() -> bool:
     return True
 
 
+def _chosen_configs() -> dict[str, dict[str, Any]]:
+    text = resources.files("shadow.data").joinpath("kernels/fla_configs.json").read_text()
+    kernels: dict[str, dict[str, Any]] = json.loads(text)["kernels"]
+    return kernels
+
+
+def _matches(config: Any, want: dict[str, Any]) -> bool:
+    return bool(dict(config.kwargs) == want["kwargs"] and config.num_warps == want["num_warps"]
+                and config.num_stages == want["num_stages"])
+
+
+PINNED: dict[str, str] = {}  # kernel name -> "chosen" (from the data file) or "first"
+
+
 def _pin_autotuners() -> int:
     from triton.runtime.autotuner import Autotuner
 
+    chosen = _chosen_configs()
     pinned = 0
     for name, module in list(sys.modules.items()):
         if not name.startswith("fla.") or module is None:
             continue
-        for obj in list(vars(module).values()):
+        for attr, obj in list(vars(module).items()):
             # Decorators wrap one another through ``.fn`` (``@triton.heuristics`` over fla's autotuner
             # over ``@triton.jit``): an autotuner under a heuristics object is still an autotuner.
             seen = 0
             while obj is not None and seen < 8:
                 if isinstance(obj, Autotuner) and len(obj.configs) > 1:
-                    obj.configs = obj.configs[:1]
+                    want = chosen.get(attr)
+                    pick = next((c for c in obj.configs if want is not None and _matches(c, want)), None)
+                    obj.configs = [pick] if pick is not None else obj.configs[:1]
+                    PINNED[attr] = "chosen" if pick is not None else "first"
                     # A pruner could otherwise pick among configs again, by heuristics or timing.
                     obj.early_config_prune = None
                     obj.perf_model = None
