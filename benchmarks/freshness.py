@@ -74,7 +74,11 @@ def flat(ms: float) -> CostModel:
 
 
 def newest_rate_file(folder: Path = RESULTS) -> Path | None:
-    files = sorted(folder.glob("read_rate-*.json"))
+    """The result measured last, by the date it records (several runs can share a day)."""
+    def measured(path: Path) -> str:
+        return str(json.loads(path.read_text(encoding="utf-8")).get("date", ""))
+
+    files = sorted(folder.glob("read_rate-*.json"), key=lambda p: (measured(p), p.name))
     return files[-1] if files else None
 
 
