@@ -115,6 +115,7 @@ class RouterAsk(Struct, forbid_unknown_fields=True, kw_only=True):
     question: Text | Ids
     choices: Labels
     label: Label | None = None
+    fresh: bool | None = None  # the router decided the class on this turn (false: carried the session's forward)
 
 
 class Arrived(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -120,9 +120,12 @@ class RouterRecord(_Part):
     session: str
     request_id: str
     router_label: str | None
+    fresh: bool | None
     behind_at_start: int
     insertion: int
     prompt_len: int
+    grid: int
+    choices: list[str]
     error: str | UnsetType = UNSET
     label: str | UnsetType = UNSET
     probability: float | UnsetType = UNSET

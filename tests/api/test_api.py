@@ -141,7 +141,7 @@ def test_profiles_router_shadow_mode_and_narrator(checkpoint: Path, tmp_path: Pa
         assert not chat["fed"]["followed"] and chat["fed"]["reason"] == "profile"
         post(client, "/host/finished", {"request_id": "c1", "ids": [1, 2]})
         router = {"question": "Which class? A: code, B: chat. Answer with the letter.", "choices": ["A", "B"],
-                  "label": "A"}
+                  "label": "A", "fresh": True}
         tok = get_tokens()
         prompt = tok.encode("<|im_start|>user\n" + "fix the bug " * 150 + "<|im_end|>\n<|im_start|>assistant\n")
         r = post(client, "/host/started", {"request_id": "r1", "session": "s", "prompt": prompt, "router": router})
@@ -159,8 +159,11 @@ def test_profiles_router_shadow_mode_and_narrator(checkpoint: Path, tmp_path: Pa
         [rec] = rt["last"]
         assert rec["router_label"] == "A" and rec["agree"] == (rec["label"] == "A") and rec["insertion"] == \
             len(prompt) - 4
-        journal = [json.loads(line) for line in (tmp_path / "shadow.jsonl").read_text().splitlines()]
-        assert journal == [rec]
+        assert rec["fresh"] is True and rec["choices"] == ["A", "B"] and rec["grid"] == GRID
+        [line] = [json.loads(line) for line in (tmp_path / "shadow.jsonl").read_text().splitlines()]
+        # the journal holds what router-eval asks again with; status keeps the rest (not the ids)
+        assert line["question"] == router["question"] and line["ids"] == {"keep": 0, "add": prompt[:-4]}
+        assert line == {**rec, "question": line["question"], "ids": line["ids"], "ids_sha256": line["ids_sha256"]}
         assert [s.attributes["shadow.ask.kind"] for s in spans.all("shadow.ask")] == ["router"]
         r = post(client, "/narrate", {"session": "s", "prompt": "Summarise the session in one line.",
                                       "max_new": 5})
