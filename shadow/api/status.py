@@ -45,7 +45,9 @@ class ProfilesStatus(_Part):
     profiles: dict[str, ProfileStatus]
 
 
-class TurnStatus(_Part):
+class Turn(_Part):
+    """A request's timeline as the host reported it: the answer of the host verbs and a line of status."""
+
     request_id: str
     session: str | None
     profile: str | None
@@ -67,7 +69,7 @@ class HostStatus(_Part):
     running: int
     holds: int
     hold_ids: list[str]
-    turns: list[TurnStatus]
+    turns: list[Turn]
     finished_turns: int
 
 

@@ -12,6 +12,7 @@ from litestar.testing import TestClient
 
 from shadow.adapters.tokens import get_tokens
 from shadow.api.app import BASE, create_app
+from shadow.core.settings import MAX_HOLD_S, ShadowSettings
 from tests.conftest import GRID, FakeClock, Spans, ids, make_container, make_settings
 
 LOCAL = "http://127.0.0.1"  # the Host the service answers to (a TestClient says testserver.local)
@@ -107,6 +108,13 @@ def test_openapi_is_served_and_typed(app_parts) -> None:
     ask = paths[BASE + "/ask"]["post"]
     assert set(ask["responses"]) >= {"200", "400", "404", "413", "503"}
     assert sorted(schema["components"]["schemas"]["AskBody"]["required"]) == ["choices", "question", "session"]
+    # The schema's bound on a hold is the one enforced: the default MAX_HOLD_S, which no setting exceeds.
+    ttl = schema["components"]["schemas"]["HoldBody"]["properties"]["ttl_s"]
+    assert ttl["maximum"] == MAX_HOLD_S == ShadowSettings(_env_file=None).max_hold_s == 3600
+    assert post(client, "/host/holds", {"ttl_s": MAX_HOLD_S + 1}).status_code == 400
+    assert post(client, "/host/holds", {"ttl_s": MAX_HOLD_S}).status_code == 201
+    turn = schema["components"]["schemas"]["HostStatus"]["properties"]["turns"]["items"]["$ref"]
+    assert turn.endswith("/Turn") and "TurnStatus" not in schema["components"]["schemas"]  # one turn model
 
 
 def test_holds_shut_the_idle_window_over_http(app_parts) -> None:
