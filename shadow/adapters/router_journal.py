@@ -105,15 +105,20 @@ def read_journal(path: Path) -> list[JournalLine]:
 def rebuild_ids(lines: list[JournalLine]) -> tuple[dict[int, list[int]], dict[int, str]]:
     """Each line's prompt ids up to its insertion point (by line number), from the ids the session's
     earlier lines hold, and the reason for each line whose ids cannot be rebuilt exactly."""
-    held: dict[str, list[int] | None] = {}
+    last: dict[str, int] = {}  # the session's previous line
     ids: dict[int, list[int]] = {}
     why: dict[int, str] = {}
     for ln in lines:
-        before = held.get(ln.session)
-        if ln.keep and (before is None or ln.keep > len(before)):
-            why[ln.line] = (f"line {ln.line} keeps {ln.keep} ids of the session's previous line, which the "
-                            "journal does not hold" + ("" if before is None else f" whole ({len(before)} ids)"))
-            held[ln.session] = None
+        prev = last.get(ln.session)
+        last[ln.session] = ln.line
+        before = ids.get(prev) if prev is not None else None
+        if ln.keep and before is None:
+            why[ln.line] = (f"line {ln.line} keeps {ln.keep} ids of the session's previous line, which the journal "
+                            "does not hold (cut?)" if prev is None else
+                            f"line {ln.line} keeps {ln.keep} ids of line {prev}, which could not be rebuilt")
+            continue
+        if before is not None and ln.keep > len(before):
+            why[ln.line] = f"line {ln.line} keeps {ln.keep} ids of line {prev}, which holds {len(before)}"
             continue
         got = (before or [])[:ln.keep] + ln.add
         if len(got) != ln.insertion:
@@ -122,7 +127,6 @@ def rebuild_ids(lines: list[JournalLine]) -> tuple[dict[int, list[int]], dict[in
             why[ln.line] = f"line {ln.line}: the ids rebuilt do not match its ids_sha256"
         else:
             ids[ln.line] = got
-        held[ln.session] = got if ln.line in ids else None
     return ids, why
 
 
