@@ -42,6 +42,7 @@ class JournalLine:
     add: list[int]
     ids_sha256: str
     live_label: str | None  # the live shadow's answer (None: the live question failed)
+    stale: str | None = None  # why it cannot be asked again: written before router-eval's fields
 
 
 def _type_ok(value: Any, spec: dict[str, Any]) -> bool:
@@ -62,19 +63,21 @@ def _type_ok(value: Any, spec: dict[str, Any]) -> bool:
     return False
 
 
-def _check(obj: Any, schema: dict[str, Any], where: str) -> None:
+def _check(obj: Any, schema: dict[str, Any], where: str) -> list[str]:
+    """The fields added for router-eval that ``obj`` lacks; an error for anything else amiss."""
     if not isinstance(obj, dict):
         raise JournalError(f"{where}: not a JSON object")
     missing = [k for k in schema["required"] if k not in obj]
-    if missing:
-        raise JournalError(f"{where}: lacks {', '.join(missing)}; router-eval needs them (a line written before "
-                           "the router journaled them cannot be asked again)")
+    added = schema.get("x-added-for-router-eval", [])
+    if any(k not in added for k in missing):
+        raise JournalError(f"{where}: lacks {', '.join(missing)}; not a line of the router journal")
     for key, spec in schema["properties"].items():
         if key in obj and not _type_ok(obj[key], spec):
             raise JournalError(f"{where}: {key} = {json.dumps(obj[key])[:80]} is not {spec['type']}"
                                + (f" >= {spec['minimum']}" if "minimum" in spec else ""))
         if key in obj and spec.get("type") == "object" and "required" in spec:
             _check(obj[key], spec, f"{where}, {key}")
+    return missing
 
 
 def read_journal(path: Path) -> list[JournalLine]:
@@ -95,10 +98,19 @@ def read_journal(path: Path) -> list[JournalLine]:
             obj = json.loads(raw)
         except json.JSONDecodeError as err:
             raise JournalError(f"{where}: not JSON ({err})") from None
-        _check(obj, SCHEMA, where)
+        missing = _check(obj, SCHEMA, where)
+        if missing:  # written before router-eval's fields: counted apart, named
+            stale = (f"line {n} lacks {', '.join(missing)} (written before the router journaled what "
+                     "router-eval needs)")
+            lines.append(JournalLine(n, obj["session"], obj["request_id"], obj["router_label"], None,
+                                     obj["insertion"], 0, "", [], 0, [], "", obj.get("label"), stale))
+            continue
         lines.append(JournalLine(n, obj["session"], obj["request_id"], obj["router_label"], obj["fresh"],
                                  obj["insertion"], obj["grid"], obj["question"], obj["choices"],
                                  obj["ids"]["keep"], obj["ids"]["add"], obj["ids_sha256"], obj.get("label")))
+    if lines and all(ln.stale for ln in lines):
+        others = f"; so do the {len(lines) - 1} others" if len(lines) > 1 else ""
+        raise JournalError(f"{path}: no line router-eval can ask again: {lines[0].stale}{others}")
     return lines
 
 
@@ -112,6 +124,9 @@ def rebuild_ids(lines: list[JournalLine]) -> tuple[dict[int, list[int]], dict[in
         prev = last.get(ln.session)
         last[ln.session] = ln.line
         before = ids.get(prev) if prev is not None else None
+        if ln.stale:
+            why[ln.line] = ln.stale
+            continue
         if ln.keep and before is None:
             why[ln.line] = (f"line {ln.line} keeps {ln.keep} ids of the session's previous line, which the journal "
                             "does not hold (cut?)" if prev is None else

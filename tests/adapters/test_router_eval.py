@@ -25,6 +25,7 @@ QUESTION = ("What is the agent doing now? A: editing code, B: talking with the u
             "Answer with the letter.")
 CHOICES = ["A", "B", "C"]
 GRID = 512
+ADDED = ("ids", "ids_sha256", "question", "choices", "fresh", "grid")  # what old journal lines lack
 
 
 def _host_router(request: Any, carried: str | None) -> tuple[str, bool]:
@@ -127,16 +128,19 @@ def test_router_eval_names_the_sessions_it_cannot_restore(journal_dir: Path, che
     lines = (journal_dir / "shadow.jsonl").read_text().splitlines()
     broken = tmp_path / "dir"
     broken.mkdir()
-    (broken / "shadow.jsonl").write_text("\n".join(lines[1:]) + "\n")  # openhands' first line is gone
+    old = {k: v for k, v in json.loads(lines[0]).items() if k not in ADDED} | {"session": "before"}
+    # a line from before router-eval's fields, then the journal without openhands' first line
+    (broken / "shadow.jsonl").write_text("\n".join([json.dumps(old), *lines[1:]]) + "\n")
     (tmp_path / "q.txt").write_text("Is the agent writing code? A: yes, B: no, C: unsure. Answer with the letter.\n")
     code, out, err = _run(capsys, checkpoint, broken, "--question-file", str(tmp_path / "q.txt"),
                           "--json", str(tmp_path / "fig.json"))
     assert code == 0, err
     fig = json.loads((tmp_path / "fig.json").read_text())
-    assert fig["turns"] == 10 and fig["asked"] == 6 and fig["question"] == str(tmp_path / "q.txt")
-    assert fig["skipped"]["turns"] == 4 and list(fig["skipped"]["sessions"]) == ["openhands"]
-    assert "keeps" in fig["skipped"]["sessions"]["openhands"]["reason"]
-    assert "not asked: openhands: 4 turns: line 1 keeps" in out
+    assert fig["turns"] == 11 and fig["asked"] == 6 and fig["question"] == str(tmp_path / "q.txt")
+    assert fig["skipped"]["turns"] == 5 and list(fig["skipped"]["sessions"]) == ["before", "openhands"]
+    assert fig["skipped"]["sessions"]["openhands"]["lines"] == [2, 3, 4, 5]
+    assert "not asked: before: 1 turns: line 1 lacks fresh, grid, question, choices, ids, ids_sha256" in out
+    assert "not asked: openhands: 4 turns: line 2 keeps" in out
     assert "same_as_live" not in fig  # another wording: the live answers are no control
 
 
@@ -149,10 +153,14 @@ def test_router_eval_bad_input_names_file_and_line(journal_dir: Path, checkpoint
     journal.write_text(json.dumps(first) + "\n{\"session\": \n")
     code, _, err = _run(capsys, checkpoint, tmp_path)
     assert code == 2 and f"{journal} line 2: not JSON" in err
-    old = {k: v for k, v in first.items() if k not in ("ids", "ids_sha256", "question", "choices", "fresh", "grid")}
-    journal.write_text(json.dumps(old) + "\n")  # a line from before router-eval's fields
+    old = {k: v for k, v in first.items() if k not in ADDED}
+    journal.write_text(json.dumps(old) + "\n")  # only lines from before router-eval's fields
     code, _, err = _run(capsys, checkpoint, tmp_path)
-    assert code == 2 and f"{journal} line 1: lacks fresh, grid, question, choices, ids, ids_sha256" in err
+    assert code == 2 and (f"{journal}: no line router-eval can ask again: line 1 lacks fresh, grid, question, "
+                          "choices, ids, ids_sha256") in err
+    journal.write_text(json.dumps({k: v for k, v in first.items() if k != "insertion"}) + "\n")
+    code, _, err = _run(capsys, checkpoint, tmp_path)
+    assert code == 2 and f"{journal} line 1: lacks insertion" in err
     journal.write_text(json.dumps({**first, "insertion": "12"}) + "\n")
     code, _, err = _run(capsys, checkpoint, tmp_path)
     assert code == 2 and f"{journal} line 1: insertion = \"12\" is not integer" in err
