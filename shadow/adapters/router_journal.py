@@ -41,7 +41,7 @@ class JournalLine:
     keep: int
     add: list[int]
     ids_sha256: str
-    live_label: str | None  # the live shadow's answer (None: the live question failed)
+    live_label: str | None  # the live answer, when asked at the insertion point (not past it) and not failed
     stale: str | None = None  # why it cannot be asked again: written before router-eval's fields
 
 
@@ -103,11 +103,12 @@ def read_journal(path: Path) -> list[JournalLine]:
             stale = (f"line {n} lacks {', '.join(missing)} (written before the router journaled what "
                      "router-eval needs)")
             lines.append(JournalLine(n, obj["session"], obj["request_id"], obj["router_label"], None,
-                                     obj["insertion"], 0, "", [], 0, [], "", obj.get("label"), stale))
+                                     obj["insertion"], 0, "", [], 0, [], "", None, stale))
             continue
         lines.append(JournalLine(n, obj["session"], obj["request_id"], obj["router_label"], obj["fresh"],
                                  obj["insertion"], obj["grid"], obj["question"], obj["choices"],
-                                 obj["ids"]["keep"], obj["ids"]["add"], obj["ids_sha256"], obj.get("label")))
+                                 obj["ids"]["keep"], obj["ids"]["add"], obj["ids_sha256"],
+                                 obj.get("label") if obj.get("at_insertion") else None))
     if lines and all(ln.stale for ln in lines):
         others = f"; so do the {len(lines) - 1} others" if len(lines) > 1 else ""
         raise JournalError(f"{path}: no line router-eval can ask again: {lines[0].stale}{others}")
@@ -221,5 +222,6 @@ def table(fig: dict[str, Any]) -> str:
         lines.append(f"  not asked: {s}: {v['turns']} turns: {v['reason']}")
     if "same_as_live" in fig:
         same = fig["same_as_live"]
-        lines.append(f"same label as the live shadow: {same['same']} of {same['compared']}")
+        lines.append(f"same label as the live shadow (where it asked at the insertion point): {same['same']} "
+                     f"of {same['compared']}")
     return "\n".join(lines)

@@ -120,7 +120,7 @@ def test_router_eval_figures_match_the_journal(journal_dir: Path, checkpoint: Pa
                                str(fig["labels"][k]["host_fresh"])]
     assert f"agreement with the host  {_share(agreed, 11)}" in out
     assert f"constant {top}" in out and _share(host[top], 11) in out
-    assert "same label as the live shadow: 11 of 11" in out
+    assert "same label as the live shadow (where it asked at the insertion point): 11 of 11" in out
 
 
 def test_router_eval_names_the_sessions_it_cannot_restore(journal_dir: Path, checkpoint: Path, tmp_path: Path,
