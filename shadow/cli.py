@@ -1,4 +1,4 @@
-"""``shadow`` on the command line: ``serve``, ``proxy``, ``demo`` and ``verify``."""
+"""``shadow`` on the command line: ``serve``, ``proxy``, ``demo``, ``verify`` and ``router-eval``."""
 
 from __future__ import annotations
 
@@ -246,6 +246,60 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_router_eval(args: argparse.Namespace) -> int:
+    """The router's question asked again at the journaled insertion points of DIR/shadow.jsonl."""
+    import json
+
+    from shadow.adapters.router_eval import evaluate, report
+    from shadow.adapters.router_journal import read_journal, table
+    from shadow.core.errors import ShadowError
+    from shadow.core.settings import PREFIX, ShadowSettings
+
+    journal = Path(args.dir).expanduser() / "shadow.jsonl"
+    try:
+        settings = ShadowSettings(_env_file=args.env_file)
+        lines = read_journal(journal)
+        question = None
+        if args.question_file:
+            try:
+                question = Path(args.question_file).read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as err:
+                raise ShadowError(f"--question-file {args.question_file}: cannot be read: {err}") from None
+            if not question:
+                raise ShadowError(f"--question-file {args.question_file}: empty")
+    except ShadowError as err:
+        print(f"shadow router-eval: {err}", file=sys.stderr)
+        return 2
+    model = args.model or settings.model
+    if not model:
+        print(f"shadow router-eval: no model: pass --model or set {PREFIX}MODEL", file=sys.stderr)
+        return 2
+    shadows: dict[int, Shadow] = {}
+
+    def shadow_for(grid: int) -> Shadow:
+        grid = args.grid or grid  # the live grid unless told otherwise: the same bits as live
+        if grid not in shadows:
+            shadows[grid] = _build(Path(model), grid, args.dtype or settings.dtype, args.device or settings.device)
+        return shadows[grid]
+
+    def progress(done: int, total: int, session: str) -> None:
+        print(f"\rrouter-eval: turn {done}/{total} ({session[:40]})", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    try:
+        ev = evaluate(lines, shadow_for, question, progress if lines else None)
+    except ShadowError as err:
+        print(f"shadow router-eval: {err}", file=sys.stderr)
+        return 2
+    fig = {"journal": str(journal), "question": args.question_file or "journaled", "model": str(model),
+           **report(lines, ev, same_question=question is None)}
+    print(f"router-eval: {journal}, question: {fig['question']}, model: {model}")
+    print(table(fig))
+    if args.json:
+        Path(args.json).write_text(json.dumps(fig, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="shadow", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -277,8 +331,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="session files or folders (default: the folder QWEN38_SHADOW_SESSIONS names)")
     v.add_argument("--turns", default=":", help="which requests of each session, as START:END (default all)")
     v.add_argument("--max-tokens", type=int, default=0, help="skip turns longer than this (0: keep all)")
+    r = sub.add_parser("router-eval", help="ask the router's question again at the insertion points journaled "
+                                           "in DIR/shadow.jsonl")
+    r.add_argument("dir", help="the service's DIR (QWEN38_SHADOW_DIR), holding shadow.jsonl")
+    r.add_argument("--question-file", help="another wording of the question (text; the choices stay the journal's)")
+    r.add_argument("--json", help="write the figures to this file as JSON")
+    r.add_argument("--model", help="the checkpoint to ask (default: QWEN38_SHADOW_MODEL)")
+    r.add_argument("--grid", type=int, default=0, help="rows per chunk (default: the journal's)")
+    r.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: QWEN38_SHADOW_DTYPE")
+    r.add_argument("--device", default=None, help="default: QWEN38_SHADOW_DEVICE")
+    r.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     args = ap.parse_args(argv)
-    return {"demo": cmd_demo, "serve": cmd_serve, "proxy": cmd_proxy, "verify": cmd_verify}[args.command](args)
+    return {"demo": cmd_demo, "serve": cmd_serve, "proxy": cmd_proxy, "verify": cmd_verify,
+            "router-eval": cmd_router_eval}[args.command](args)
 
 
 if __name__ == "__main__":

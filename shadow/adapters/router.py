@@ -6,7 +6,10 @@ until the reader reaches the turn's insertion point (the prompt's last ``<|im_en
 to the grid), and the idle window then asks it. Each answer is journaled, one JSON line in
 ``DIR/shadow.jsonl``: the label, its probability, the router's label and whether they agree, how far
 behind the shadow was when the turn began, and the lag from the turn's start to the answer. Nothing of
-the turn changes.
+the turn changes. Each line also carries what ``shadow router-eval`` needs to ask again offline: the
+question and its choices, whether the host's router decided the class on that turn (``fresh``), the
+grid, and the prompt's ids up to the insertion point, as the ids kept from the session's previous line
+plus the new ones, with their SHA-256 (``shadow/data/router_journal.schema.json`` describes a line).
 
 The question forks at the insertion point itself (``Shadow.ask(..., at=insertion)``) as long as the
 reader has not committed rows past it; when it has (a long idle window ran on), the fork starts from
@@ -16,10 +19,13 @@ answer has seen (``at_insertion`` is false then).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 import threading
 import time
-from collections import deque
+from array import array
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +59,30 @@ class RouterQuestion:
     behind_at_start: int
     asked_at: float
     prompt_len: int = 0
+    fresh: bool | None = None  # the host's router decided the class on this turn (False: carried forward)
+    ids: array[int] = field(default_factory=lambda: array("I"))  # the prompt up to the insertion point
+
+
+def ids_sha256(ids: Sequence[int]) -> str:
+    """SHA-256 (hex) of ``ids`` as little-endian uint32: the journal's check on the ids it holds."""
+    packed = ids if isinstance(ids, array) and ids.typecode == "I" else array("I", ids)
+    assert packed.itemsize == 4
+    if sys.byteorder != "little":
+        packed = array("I", packed)
+        packed.byteswap()
+    return hashlib.sha256(packed.tobytes()).hexdigest()
+
+
+def common_prefix(a: array[int], b: array[int]) -> int:
+    """How many leading ids ``a`` and ``b`` share (a binary search over C-speed slice compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass
@@ -61,9 +91,14 @@ class RouterShadow:
     clock: Callable[[], float] = time.monotonic
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     keep: int = 32
+    # Sessions whose last journaled ids are kept to write the next line's as a difference; past it the
+    # least recently journaled one is forgotten and its next line holds all its ids again.
+    bases: int = 64
 
     def __post_init__(self) -> None:
         self._mu = threading.Lock()
+        self._journal_mu = threading.Lock()
+        self._base: OrderedDict[str, array[int]] = OrderedDict()
         self._waiting: list[RouterQuestion] = []
         self.asked = 0
         self.agreed = 0
@@ -97,8 +132,10 @@ class RouterShadow:
 
     def _ask(self, shadow: Shadow, q: RouterQuestion) -> None:
         record: dict[str, Any] = {"session": q.session, "request_id": q.request_id,
-                                  "router_label": q.router_label, "behind_at_start": q.behind_at_start,
-                                  "insertion": q.insertion, "prompt_len": q.prompt_len}
+                                  "router_label": q.router_label, "fresh": q.fresh,
+                                  "behind_at_start": q.behind_at_start, "insertion": q.insertion,
+                                  "prompt_len": q.prompt_len, "grid": shadow.grid,
+                                  "choices": list(q.choices)}
         with ask_span(self.telemetry, "router", q.session, q.choices) as span:
             try:
                 pos = shadow.position(q.session)
@@ -124,9 +161,24 @@ class RouterShadow:
                 span.answered(answer)
         self.last.append(record)
         if self.journal is not None:
+            self._write(q, record)
+
+    def _write(self, q: RouterQuestion, record: dict[str, Any]) -> None:
+        assert self.journal is not None
+        question = q.question if isinstance(q.question, str) else list(q.question)
+        # One writer at a time: a line's kept ids refer to the line before it in the file.
+        with self._journal_mu:
+            base = self._base.pop(q.session, None)
+            keep = common_prefix(base, q.ids) if base is not None else 0
+            line = {**record, "question": question, "ids": {"keep": keep, "add": q.ids[keep:].tolist()},
+                    "ids_sha256": ids_sha256(q.ids)}
             self.journal.parent.mkdir(parents=True, exist_ok=True)
             with self.journal.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record, separators=(",", ":")) + "\n")
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
+            # only once the line is written: a failed write leaves the next line whole
+            self._base[q.session] = q.ids
+            while len(self._base) > self.bases:
+                self._base.popitem(last=False)
 
     def status(self) -> dict[str, Any]:
         with self._mu:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -265,9 +266,11 @@ class ShadowService:
             raise
         if (router is not None and fed.followed and self.router is not None and block.router == "shadow"
                 and len(prompt) >= block.router_min_tokens):
+            at = insertion_point(prompt)
             self.router.enqueue(RouterQuestion(
                 session, request_id, router["question"], list(router["choices"]), router.get("label"),
-                insertion_point(prompt), fed.behind_at_start or 0, self.clock(), len(prompt)))
+                at, fed.behind_at_start or 0, self.clock(), len(prompt), fresh=router.get("fresh"),
+                ids=array("I", prompt[:at])))
         return turn, fed
 
     def first_token(self, request_id: str) -> TurnTimeline:

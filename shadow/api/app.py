@@ -219,7 +219,8 @@ class HostController(Controller):
     def started(self, data: Started, service: ShadowService) -> StartedTurn:
         router = None
         if data.router is not None:
-            router = {"question": data.router.question, "choices": data.router.choices, "label": data.router.label}
+            router = {"question": data.router.question, "choices": data.router.choices, "label": data.router.label,
+                      "fresh": data.router.fresh}
         turn, fed = service.started(data.request_id, data.session, profile=data.profile, router=router,
                                     **_prompt(data.prompt))
         return StartedTurn(turn=_turn(turn), fed=_fed(fed))

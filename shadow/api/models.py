@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
+from shadow.core.settings import MAX_HOLD_S
+
 from .status import (
     AnswerRecord,
     HostStatus,
@@ -16,6 +18,7 @@ from .status import (
     SessionStatus,
     SlotStatus,
     StoreStatus,
+    Turn,
     WhereStatus,
     WindowsStatus,
 )
@@ -115,6 +118,7 @@ class RouterAsk(Struct, forbid_unknown_fields=True, kw_only=True):
     question: Text | Ids
     choices: Labels
     label: Label | None = None
+    fresh: bool | None = None  # the router decided the class on this turn (false: carried the session's forward)
 
 
 class Arrived(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -140,23 +144,6 @@ class Round(Struct, forbid_unknown_fields=True, kw_only=True):
     ids: Ids = []
 
 
-class Turn(Struct, kw_only=True):
-    request_id: str
-    session: str | None
-    profile: str | None
-    arrived_s: float | None
-    started_s: float | None
-    first_token_s: float | None
-    finished_s: float | None
-    prompt_len: int
-    output_len: int
-    rounds: int
-    spent_s: float
-    budget_s: float
-    chunks: int
-    last_event_s: float
-
-
 class StartedTurn(Struct, kw_only=True):
     turn: Turn
     fed: Fed
@@ -172,7 +159,8 @@ class Rationed(Struct, kw_only=True):
 
 
 class HoldBody(Struct, forbid_unknown_fields=True, kw_only=True):
-    ttl_s: Annotated[float, Meta(gt=0, le=86_400)] = 600.0
+    ttl_s: Annotated[float, Meta(gt=0, le=MAX_HOLD_S, description=(
+        f"seconds the hold lives; at most {MAX_HOLD_S:g}, or QWEN38_SHADOW_MAX_HOLD_S when that is lower"))] = 600.0
 
 
 class Hold(Struct, kw_only=True):

@@ -45,7 +45,9 @@ class ProfilesStatus(_Part):
     profiles: dict[str, ProfileStatus]
 
 
-class TurnStatus(_Part):
+class Turn(_Part):
+    """A request's timeline as the host reported it: the answer of the host verbs and a line of status."""
+
     request_id: str
     session: str | None
     profile: str | None
@@ -67,7 +69,7 @@ class HostStatus(_Part):
     running: int
     holds: int
     hold_ids: list[str]
-    turns: list[TurnStatus]
+    turns: list[Turn]
     finished_turns: int
 
 
@@ -120,9 +122,12 @@ class RouterRecord(_Part):
     session: str
     request_id: str
     router_label: str | None
+    fresh: bool | None
     behind_at_start: int
     insertion: int
     prompt_len: int
+    grid: int
+    choices: list[str]
     error: str | UnsetType = UNSET
     label: str | UnsetType = UNSET
     probability: float | UnsetType = UNSET

@@ -191,7 +191,8 @@ class Host(Protocol):
 
     ``started`` takes the turn's whole prompt as ids or as OpenAI-style messages (with ``tools``
     and ``enable_thinking``; rendered with the Qwen3.5 chat template), the profile, and the
-    router's question in shadow mode (``{"question", "choices", "label"}``). ``add_hold`` without
+    router's question in shadow mode (``{"question", "choices", "label", "fresh"}``: ``fresh`` says
+    whether the router decided the class on this turn). ``add_hold`` without
     ``ttl_s`` lasts until released in process; over HTTP the server's default time to live applies,
     so a host that dies cannot keep the idle window shut for ever."""
 

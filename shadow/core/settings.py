@@ -23,6 +23,7 @@ PREFIX = "QWEN38_SHADOW_"
 ENV_FILE = "serve.env"
 DEFAULT_HOME = "~/.qwen38-spark-engine/shadow"
 TRACE_EXPORTERS = ("none", "console", "jsonl", "otlp")
+MAX_HOLD_S = 3600.0  # the longest hold: MAX_HOLD_S may lower it, not raise it (the API's schema states it)
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -64,7 +65,8 @@ class ShadowSettings(BaseSettings):
     allowed_hosts: str = Field("", description="Host header names accepted besides localhost, 127.0.0.1, ::1 "
                                                "and HOST, comma-separated; * accepts any")
     max_holds: int = Field(64, description="holds live at once; one more is refused (429)")
-    max_hold_s: float = Field(3600.0, description="longest time to live of a hold, seconds")
+    max_hold_s: float = Field(MAX_HOLD_S, description=f"longest time to live of a hold, seconds (at most "
+                                                      f"{MAX_HOLD_S:g}, which the API's schema states)")
     max_session_ids: int = Field(2_000_000, description="most ids one session holds; a feed beyond is refused (400)")
 
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
@@ -146,6 +148,14 @@ class ShadowSettings(BaseSettings):
     def _positive(cls, v: float) -> float:
         if v <= 0:
             raise ValueError("must be positive")
+        return v
+
+    @field_validator("max_hold_s")
+    @classmethod
+    def _hold_cap(cls, v: float) -> float:
+        if v > MAX_HOLD_S:
+            raise ValueError(f"must be at most {MAX_HOLD_S:g} s (a hold keeps the idle window shut; the API's "
+                             "schema states this bound)")
         return v
 
     @field_validator("ration")

@@ -12,6 +12,7 @@ from litestar.testing import TestClient
 
 from shadow.adapters.tokens import get_tokens
 from shadow.api.app import BASE, create_app
+from shadow.core.settings import MAX_HOLD_S, ShadowSettings
 from tests.conftest import GRID, FakeClock, Spans, ids, make_container, make_settings
 
 LOCAL = "http://127.0.0.1"  # the Host the service answers to (a TestClient says testserver.local)
@@ -107,6 +108,13 @@ def test_openapi_is_served_and_typed(app_parts) -> None:
     ask = paths[BASE + "/ask"]["post"]
     assert set(ask["responses"]) >= {"200", "400", "404", "413", "503"}
     assert sorted(schema["components"]["schemas"]["AskBody"]["required"]) == ["choices", "question", "session"]
+    # The schema's bound on a hold is the one enforced: the default MAX_HOLD_S, which no setting exceeds.
+    ttl = schema["components"]["schemas"]["HoldBody"]["properties"]["ttl_s"]
+    assert ttl["maximum"] == MAX_HOLD_S == ShadowSettings(_env_file=None).max_hold_s == 3600
+    assert post(client, "/host/holds", {"ttl_s": MAX_HOLD_S + 1}).status_code == 400
+    assert post(client, "/host/holds", {"ttl_s": MAX_HOLD_S}).status_code == 201
+    turn = schema["components"]["schemas"]["HostStatus"]["properties"]["turns"]["items"]["$ref"]
+    assert turn.endswith("/Turn") and "TurnStatus" not in schema["components"]["schemas"]  # one turn model
 
 
 def test_holds_shut_the_idle_window_over_http(app_parts) -> None:
@@ -141,7 +149,7 @@ def test_profiles_router_shadow_mode_and_narrator(checkpoint: Path, tmp_path: Pa
         assert not chat["fed"]["followed"] and chat["fed"]["reason"] == "profile"
         post(client, "/host/finished", {"request_id": "c1", "ids": [1, 2]})
         router = {"question": "Which class? A: code, B: chat. Answer with the letter.", "choices": ["A", "B"],
-                  "label": "A"}
+                  "label": "A", "fresh": True}
         tok = get_tokens()
         prompt = tok.encode("<|im_start|>user\n" + "fix the bug " * 150 + "<|im_end|>\n<|im_start|>assistant\n")
         r = post(client, "/host/started", {"request_id": "r1", "session": "s", "prompt": prompt, "router": router})
@@ -159,8 +167,11 @@ def test_profiles_router_shadow_mode_and_narrator(checkpoint: Path, tmp_path: Pa
         [rec] = rt["last"]
         assert rec["router_label"] == "A" and rec["agree"] == (rec["label"] == "A") and rec["insertion"] == \
             len(prompt) - 4
-        journal = [json.loads(line) for line in (tmp_path / "shadow.jsonl").read_text().splitlines()]
-        assert journal == [rec]
+        assert rec["fresh"] is True and rec["choices"] == ["A", "B"] and rec["grid"] == GRID
+        [line] = [json.loads(line) for line in (tmp_path / "shadow.jsonl").read_text().splitlines()]
+        # the journal holds what router-eval asks again with; status keeps the rest (not the ids)
+        assert line["question"] == router["question"] and line["ids"] == {"keep": 0, "add": prompt[:-4]}
+        assert line == {**rec, "question": line["question"], "ids": line["ids"], "ids_sha256": line["ids_sha256"]}
         assert [s.attributes["shadow.ask.kind"] for s in spans.all("shadow.ask")] == ["router"]
         r = post(client, "/narrate", {"session": "s", "prompt": "Summarise the session in one line.",
                                       "max_new": 5})

@@ -124,6 +124,24 @@ def test_delete_forgets_a_session(served) -> None:
         assert err.value.status_code == 404 and "unknown session" in err.value.detail
 
 
+def test_delete_removes_the_parked_file(checkpoint: Path, tmp_path: Path) -> None:
+    disk = tmp_path / "parked"
+    c = make_container(make_settings(checkpoint, tmp_path, disk=str(disk), idle_poll_s=0.05))
+    with BackgroundServer(create_app(c)) as server, ShadowClient(server.url) as host:
+        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load")
+        for name, seed in (("kept", 1), ("gone", 2)):
+            host.feed_prompt(name, ids(2 * GRID + 5, seed))
+        wait_until(lambda: host.status()["backlog"] < 2 * GRID, "the idle window to read both")
+        c.shadow().park("kept")
+        [kept] = list(disk.rglob("*.safetensors"))
+        c.shadow().park("gone")
+        [gone] = set(disk.rglob("*.safetensors")) - {kept}
+        assert host.status()["sessions"]["gone"]["where"] == "parked"
+        host.forget("gone")
+        assert not gone.exists() and kept.exists()  # its file, on disk, and only its
+        assert "gone" not in host.status()["sessions"] and host.status()["sessions"]["kept"]["where"] == "parked"
+
+
 def test_the_token_guards_every_endpoint(checkpoint: Path, tmp_path: Path) -> None:
     settings = make_settings(checkpoint, tmp_path, token="s3cret-token")
     with BackgroundServer(create_app(make_container(settings))) as server:

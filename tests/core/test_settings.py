@@ -99,6 +99,7 @@ def test_defaults() -> None:
     ("QWEN38_SHADOW_FAST=fastest", "'auto', 'on' or 'off'"),
     ("QWEN38_SHADOW_PORT=70000", "TCP port"),
     ("QWEN38_SHADOW_RATION=2", "share"),
+    ("QWEN38_SHADOW_MAX_HOLD_S=7200", "at most 3600 s"),
     ("QWEN38_SHADOW_TRACE=jaeger", "unknown exporter 'jaeger'"),
     ("QWEN38_SHADOW_GIRD=512", "not a setting"),
 ])
