@@ -32,11 +32,17 @@ overlaps a decode) over the decode time, median over the on-runs. ``calls_pct`` 
 inside the host's calls during the decodes (chunks included): what the trace cannot see is the
 difference.
 
-On the device (sessions: the shared folder copied under ``.bench/`` and carried, as for
-``read_rate``; without ``../shared`` and without ``--raw`` the shipped demo session is served, and
-the result says so):
+On the device, the lead's command. The session travels in an ignored folder (``carry``:
+``[".whl", ".bench"]``); without it (no ``../shared`` there) the shipped demo session, also a real
+OpenHands session of the same kind, is served instead and the result says so:
 
-    SHADOW_COMMIT=<commit> python -m benchmarks.ab_cost --out "$OUT" [--raw .bench] [--smoke]
+    mkdir -p .bench/openhands-examples && echo /.bench/ >> "$(git rev-parse --git-path info/exclude)"
+    cp ../shared/data/sessions/raw/openhands-examples/output.jsonl .bench/openhands-examples/
+
+then there (the project's dependencies as for ``pytest -m gpu``; sized to finish within 5 minutes on one H200):
+
+    pip install -q --no-deps .whl/fla_core-0.6.0-py3-none-any.whl && \\
+    SHADOW_COMMIT=<commit> python -m benchmarks.ab_cost --out "$OUT" --raw .bench [--smoke]
 
 Writes ``DIR/ab_cost-<date>.json`` (``-smoke``, ``-cpu`` added for those runs) and the spans beside
 it (``.trace.jsonl``), and prints a table.
@@ -188,6 +194,7 @@ class Run:
                 "ttft_ms": 1e3 * self.ttft_s, "decode_s": decode_s,
                 "decode_tokens": sum(t.decode_tokens for t in self.turns),
                 "calls_pct": 100.0 * sum(t.calls_s for t in self.turns) / decode_s if decode_s else 0.0,
+                "start_calls_ms": 1e3 * statistics.fmean(t.start_calls_s for t in self.turns),
                 "host_ration_ms": sum(t.ration_ms for t in self.turns),
                 "host_ration_chunks": sum(t.ration_chunks for t in self.turns),
                 "chunks_during_run": self.chunks_during, "drain_s": self.drain_s, "sessions": self.sessions,
@@ -371,14 +378,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             schedule = [(arm, True) for _ in range(args.warmup) for arm in ARMS]
             schedule += [(arm, False) for _ in range(args.runs) for arm in ARMS]
+            first = time.perf_counter()
             for i, (arm, warm) in enumerate(schedule):
                 run = Run(i, arm, warm)
                 names_fed = serve_run(main_model, service if arm == "on" else None, sessions, run, args.gap_s)
                 if arm == "on":
                     run.drain_s, run.sessions = drain(service, names_fed, args.grid, args.drain_timeout_s)
                 runs.append(run)
-                _say(f"run {i} {arm}{' (warm-up)' if warm else ''}: {run.decode_tps:.2f} tok/s, TTFT "
-                     f"{1e3 * run.ttft_s:.1f} ms", t_start)
+                eta = (time.perf_counter() - first) / (i + 1) * (len(schedule) - i - 1)
+                _say(f"run {i + 1}/{len(schedule)} {arm}{' (warm-up)' if warm else ''}: {run.decode_tps:.2f} tok/s, "
+                     f"TTFT {1e3 * run.ttft_s:.1f} ms; about {eta:.0f} s to go", t_start)
                 gc.collect()
                 time.sleep(args.pause_s)
         finally:
