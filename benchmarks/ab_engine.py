@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from shadow.backends.qwen35 import ModelState, Qwen35, Qwen35Config
 from shadow.backends.qwen35.checkpoint import demo_text_config, random_tensors
 from shadow.backends.qwen35.config import reference_shape
 from shadow.core.host import Host
+
+if TYPE_CHECKING:  # importing it here would import Triton on the CPU path
+    from shadow.backends.qwen35.fast import FastForward
 
 SHAPES: dict[str, Callable[[], dict[str, Any]]] = {
     "9b": lambda: reference_shape("9B"), "4b": lambda: reference_shape("4B"), "2b": lambda: reference_shape("2B"),
@@ -56,7 +59,7 @@ class MainModel:
         self.model = model
         self.grid = grid
         self.device = model.device
-        self.fast: Any = None
+        self.fast: FastForward | None = None
         if fast:
             from shadow.backends.qwen35.fast import FastForward
 
@@ -72,7 +75,7 @@ class MainModel:
 
     def warm_up(self) -> float:
         """Capture the fast path's graphs (seconds; 0 on the torch forward)."""
-        return float(self.fast.warm_up()) if self.fast is not None else 0.0
+        return self.fast.warm_up() if self.fast is not None else 0.0
 
     def _end(self) -> None:
         if self._fork is not None:
