@@ -46,6 +46,7 @@ from shadow.core.errors import BadInput, ShadowError, UnknownSession
 from shadow.core.host import FeedResult, Host, HostActivity, RoundResult, TurnTimeline
 from shadow.core.profiles import Profiles, ShadowBlock
 from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ask_span
+from shadow.core.session import Position
 from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Answer, ChunkRead, Shadow
 from shadow.core.slot import Slot
@@ -174,9 +175,17 @@ class ShadowService:
                 q = self._queued.get(session)
             n = len(q.prompt) + len(q.outputs) if q else 0
             return FeedResult(session, True, queued=True, ids=n, backlog=n, **kw)
-        s = shadow.session_status(session) or {}
-        return FeedResult(session, True, ids=int(s.get("ids", 0)), committed=int(s.get("committed", 0)),
-                          backlog=int(s.get("backlog", 0)), **kw)
+        p = self._position(shadow, session) or Position()
+        return FeedResult(session, True, ids=p.length, committed=p.committed, backlog=p.pending, **kw)
+
+    @staticmethod
+    def _position(shadow: Shadow, session: str) -> Position | None:
+        """The session's bookkeeping, or None for one never fed. Cheap (no byte counts): the host
+        calls this path on every decode round."""
+        try:
+            return shadow.position(session)
+        except UnknownSession:
+            return None
 
     def _within_length(self, session: str, held: int, more: int) -> None:
         """A session's ids are bounded (``MAX_SESSION_IDS``): a feed past it is refused whole and the
@@ -208,12 +217,11 @@ class ShadowService:
                     if session in self._queued else None
                 self._queued[session] = _Queued(prompt)
                 return self._result(None, session, behind_at_start=behind)
-        before = shadow.session_status(session)
-        rollbacks = int(before.get("rollbacks", 0)) if before else 0
+        before = self._position(shadow, session)
         shadow.feed_prompt(session, prompt)
-        out = self._result(shadow, session, behind_at_start=int(before["backlog"]) if before else None)
-        after = shadow.session_status(session) or {}
-        out.rollback = int(after.get("rollbacks", 0)) > rollbacks
+        out = self._result(shadow, session, behind_at_start=before.pending if before else None)
+        after = self._position(shadow, session) or Position()
+        out.rollback = after.rollbacks > (before.rollbacks if before else 0)
         return out
 
     def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
@@ -234,8 +242,8 @@ class ShadowService:
                 self._within_length(session, len(q.prompt) + len(q.outputs), len(ids))
                 q.outputs.extend(ids)
                 return self._result(None, session)
-        held = shadow.session_status(session)
-        self._within_length(session, int(held["ids"]) if held else 0, len(ids))
+        held = self._position(shadow, session)
+        self._within_length(session, held.length if held else 0, len(ids))
         shadow.feed_output(session, ids)
         return self._result(shadow, session)
 
@@ -289,10 +297,9 @@ class ShadowService:
         turn.budget_s = 0.0  # a session not followed gets no ration; a followed one, the scheduler's
         chunks = self.ration.step(turn) if follows else []
         self.stats["ration"].add(chunks)
-        backlog = 0
         shadow = self._live
-        if shadow is not None:
-            backlog = int((shadow.session_status(session) or {}).get("backlog", 0))
+        p = self._position(shadow, session) if shadow is not None else None
+        backlog = p.pending if p is not None else 0
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, backlog)
 

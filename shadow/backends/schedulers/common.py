@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shadow.core.errors import UnknownSession
 from shadow.core.scheduling import epoch_ns
 from shadow.core.shadow import ChunkRead, Shadow
 
@@ -9,6 +10,15 @@ from shadow.core.shadow import ChunkRead, Shadow
 def backlogs(shadow: Shadow) -> dict[str, int]:
     """Ids not yet committed, per session (resident or parked)."""
     return shadow.backlogs()
+
+
+def backlog_of(shadow: Shadow, session: str) -> int:
+    """One session's backlog (0 for a session no longer known), without a pass over all of them:
+    the ration asks on every decode round."""
+    try:
+        return shadow.backlog(session)
+    except UnknownSession:
+        return 0
 
 
 def backlog_after(shadow: Shadow, chunk: ChunkRead) -> int:

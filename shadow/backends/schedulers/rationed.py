@@ -23,7 +23,7 @@ from shadow.core.scheduling import SHARE, SLICE_S, Clock, NullTelemetry, Telemet
 from shadow.core.shadow import ChunkRead
 from shadow.core.slot import Slot
 
-from .common import backlog_after, backlogs, read_one
+from .common import backlog_after, backlog_of, read_one
 
 
 class RationedScheduler:
@@ -57,7 +57,7 @@ class RationedScheduler:
             return []
         if not fits(0.0, self.estimate(turn.session), budget):
             return []
-        if backlogs(shadow).get(turn.session, 0) < shadow.grid:
+        if backlog_of(shadow, turn.session) < shadow.grid:
             return []
         (self.sync or shadow.sync)()
         spent = 0.0
