@@ -1,0 +1,70 @@
+"""The host interface's per-round call timed alone: ``round_ended`` with one id, 1,000 times, on a
+tiny model on the CPU (no chunk is read: the ration is 0), without and then with the idle loop's
+thread running. What ``ab_cost.py`` sees a call cost beside a decoding model, less its chunks, is
+to be compared with this.
+
+    python -m benchmarks.host_calls [--out DIR]      # prints; with --out writes DIR/host_calls.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import environment
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--rounds", type=int, default=1000)
+    args = parser.parse_args()
+    import torch
+
+    from shadow.backends.qwen35.checkpoint import write_checkpoint
+    from shadow.backends.qwen35.config import text_config
+    from shadow.container import build_container
+    from shadow.core.settings import ShadowSettings
+
+    home = Path(tempfile.mkdtemp())
+    tiny = text_config(hidden_size=32, num_hidden_layers=4, intermediate_size=64, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                       linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=248320,
+                       tie_word_embeddings=True)
+    write_checkpoint(home / "m", tiny, dtype=torch.float32, seed=0)
+    settings = ShadowSettings(_env_file=None, model=str(home / "m"), device="cpu", dtype="float32", grid=512,
+                              disk="off", gb=4, dir=str(home), trace="jsonl", trace_file=str(home / "t.jsonl"),
+                              ration=0.0)
+    service = build_container(settings).service()
+    service.idle_step()
+    rng = random.Random(0)
+    prompt = [rng.randrange(1000, 2000) for _ in range(3000)]
+    result: dict[str, object] = {**environment(), "rounds": args.rounds}
+
+    def timed(tag: str, run: int) -> float:
+        rid = f"{tag}-{run}"
+        service.arrived(rid)
+        service.started(rid, rid, prompt)
+        service.first_token(rid)
+        t0 = time.perf_counter()
+        for _ in range(args.rounds):
+            service.round_ended(rid, [rng.randrange(1000, 2000)])
+        us = (time.perf_counter() - t0) / args.rounds * 1e6
+        service.finished(rid)
+        print(f"{tag} run {run}: {us:.1f} us a round_ended", flush=True)
+        return us
+
+    result["alone_us"] = [timed("alone", r) for r in range(3)]
+    service.start()
+    result["idle_loop_us"] = [timed("idle-loop", r) for r in range(3)]
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "host_calls.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
