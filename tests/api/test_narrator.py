@@ -22,6 +22,7 @@ from shadow.adapters.transcripts import Turn, load_transcript, render_turns
 from shadow.api.app import BASE, create_app
 from shadow.api.client import ShadowClient
 from shadow.api.server import BackgroundServer
+from shadow.core.errors import ShadowError
 from shadow.proxy.app import create_proxy_app
 from tests.conftest import FakeClock, Spans, joined, make_container, make_settings, wait_until
 
@@ -247,3 +248,20 @@ def test_narration_streams_as_server_sent_events(checkpoint: Path, tmp_path: Pat
     assert [{k: v for k, v in e.items() if k not in ("event", "id")} for e in mine.got] == summaries
     assert all("\n" not in e["text"] and len(e["text"]) <= MAX_CHARS for e in mine.got)
     assert [(e["session"], e["request_id"]) for e in other.got] == [("other", "o0")]
+
+
+def test_decode_at_a_thoughts_end_is_decoding_a_session_that_ends_there(checkpoint: Path, tmp_path: Path,
+                                                                        clock: FakeClock, turns: list[Turn]) -> None:
+    c, svc = loaded(checkpoint, tmp_path, clock)
+    shadow = c.shadow()
+    whole = turns[0].prompt_ids + turns[0].output_ids
+    at = len(turns[0].prompt_ids) + turns[0].output_ids.index(THINK_END) + 1
+    shadow.feed_prompt("whole", whole)
+    shadow.feed_prompt("cut", whole[:at])
+    prompt = svc.narrator.prompt_ids()
+    assert shadow.decode("whole", prompt, MAX_TOKENS, at=at) == shadow.decode("cut", prompt, MAX_TOKENS)
+    assert shadow.position("whole").committed == shadow.position("cut").committed  # the tail read stops there
+    shadow.read("whole")
+    passed = shadow.position("whole").committed - 1
+    with pytest.raises(ShadowError, match=f"cannot decode at {passed}"):  # the reader is past it
+        shadow.decode("whole", prompt, MAX_TOKENS, at=passed)
