@@ -13,10 +13,12 @@ same methods, and ``shadow.api.client.ShadowClient`` is the same interface over 
 profile=..., router=..., barrier=True)``               flight (``barrier``), then feeds the prompt
 ``first_token(request_id)``                            the ration counts from here
 ``round_ended(request_id, ids)``                       between two decode rounds, on the request's
-                                                       thread: feeds the new output ids, then
-                                                       reads within the ration
+                                                       thread: feeds the new output ids, then the
+                                                       narrator's slice, then reads within the ration
 ``finished(request_id, ids=())``                       the turn is over (last output ids, if any)
 ``hold()`` / ``add_hold(ttl_s)`` / ``release_hold(id)``  keep the idle window shut
+``on_narration(callback)``                             the narrator's summaries (profile
+                                                       ``narrator: on``; ``shadow.adapters.narrator``)
 ``activity.engine_lock``, ``activity.box_lock``        the two locks (see ``shadow.core.host``);
                                                        a host passes its own to the container
 =====================================================  ==========================================
