@@ -127,23 +127,34 @@ class Narrator:
         self._mu = threading.Lock()
         self._turns: dict[str, _TurnBook] = {}
         self._thoughts: Counter[str] = Counter()
-        self._subscribers: dict[int, Callable[[Narration], None]] = {}
+        self._subscribers: dict[int, tuple[Callable[[Narration], None], Callable[[], None] | None]] = {}
         self._next_subscriber = 0
         self._prompt: list[int] | None = None
 
     # ---- the host's side ---------------------------------------------------------------------------
 
-    def subscribe(self, callback: Callable[[Narration], None]) -> Callable[[], None]:
-        """``callback`` gets every summary, on the thread that decoded it; returns the unsubscribe."""
+    def subscribe(self, callback: Callable[[Narration], None],
+                  closed: Callable[[], None] | None = None) -> Callable[[], None]:
+        """``callback`` gets every summary, on the thread that decoded it, and ``closed`` is called
+        once on ``close``; returns the unsubscribe."""
         with self._mu:
             key = self._next_subscriber
             self._next_subscriber += 1
-            self._subscribers[key] = callback
+            self._subscribers[key] = (callback, closed)
 
         def unsubscribe() -> None:
             with self._mu:
                 self._subscribers.pop(key, None)
         return unsubscribe
+
+    def close(self) -> None:
+        """Every subscriber is told it is closed, and dropped (the server stops)."""
+        with self._mu:
+            subscribers = list(self._subscribers.values())
+            self._subscribers.clear()
+        for _, closed in subscribers:
+            if closed is not None:
+                closed()
 
     def prompt_ids(self) -> list[int]:
         if self._prompt is None:
@@ -273,7 +284,7 @@ class Narrator:
 
     def _hand_over(self, n: Narration) -> None:
         with self._mu:
-            subscribers = list(self._subscribers.values())
+            subscribers = [callback for callback, _ in self._subscribers.values()]
         for callback in subscribers:
             try:
                 callback(n)

@@ -334,12 +334,19 @@ class ShadowService:
             profile = self._profile_of.get(session)
         return profile is not None and self.profiles.get(profile).narrator == "on"
 
-    def on_narration(self, callback: Callable[[Narration], None]) -> Callable[[], None]:
+    def on_narration(self, callback: Callable[[Narration], None],
+                     closed: Callable[[], None] | None = None) -> Callable[[], None]:
         """``callback`` gets each summary the narrator writes (a ``Narration``), on the thread of the
-        round that wrote it; returns the call that unsubscribes it."""
+        round that wrote it, and ``closed`` is called when the server stops; returns the call that
+        unsubscribes it."""
         if self.narrator is None:
             raise ShadowUnavailable("this service has no narrator")
-        return self.narrator.subscribe(callback)
+        return self.narrator.subscribe(callback, closed)
+
+    def closing(self) -> None:
+        """The server begins to stop: end the narration streams (their clients would hold it up)."""
+        if self.narrator is not None:
+            self.narrator.close()
 
     @contextmanager
     def hold(self) -> Iterator[str]:

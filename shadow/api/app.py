@@ -194,16 +194,17 @@ class ShadowController(Controller):
     @get("/narration", responses=GUARDED, summary="The narrator's summaries, as server-sent events")
     async def narration(self, service: ShadowService, session: str | None = None) -> ServerSentEvent:
         """One ``narration`` event per summary (its JSON record), from the moment of the request on;
-        the stream opens with a ``: subscribed`` comment and keeps alive with comments."""
+        the stream opens with a ``: subscribed`` comment, keeps alive with comments, and ends when
+        the server stops."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Narration] = asyncio.Queue()
+        queue: asyncio.Queue[Narration | None] = asyncio.Queue()
 
-        def put(n: Narration) -> None:  # on the round's thread
-            if session is None or n.session == session:
+        def put(n: Narration | None) -> None:  # on the round's thread; None: the server stops
+            if n is None or session is None or n.session == session:
                 with contextlib.suppress(RuntimeError):  # the loop is closed: the stream is gone
                     loop.call_soon_threadsafe(queue.put_nowait, n)
 
-        stop = service.on_narration(put)
+        stop = service.on_narration(put, lambda: put(None))
 
         async def events() -> AsyncIterator[ServerSentEventMessage]:
             try:
@@ -214,6 +215,8 @@ class ShadowController(Controller):
                     except TimeoutError:
                         yield ServerSentEventMessage(data=None, comment="keep-alive")
                         continue
+                    if n is None:
+                        return
                     yield ServerSentEventMessage(data=json.dumps(n.as_dict()), event="narration",
                                                  id=f"{n.session}/{n.thought}")
             finally:

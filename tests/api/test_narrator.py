@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 from shadow.adapters.narrator import MAX_CHARS, Narration
 from shadow.adapters.tokens import THINK_END
 from shadow.adapters.transcripts import Turn, load_transcript, render_turns
-from shadow.api.app import BASE, create_app
+from shadow.api.app import BASE, KEEP_ALIVE_S, create_app
 from shadow.api.client import ShadowClient
 from shadow.api.server import BackgroundServer
 from shadow.core.errors import ShadowError
@@ -265,3 +266,15 @@ def test_decode_at_a_thoughts_end_is_decoding_a_session_that_ends_there(checkpoi
     passed = shadow.position("whole").committed - 1
     with pytest.raises(ShadowError, match=f"cannot decode at {passed}"):  # the reader is past it
         shadow.decode("whole", prompt, MAX_TOKENS, at=passed)
+
+
+def test_an_open_stream_does_not_hold_the_servers_stop(checkpoint: Path, tmp_path: Path) -> None:
+    c = make_container(make_settings(checkpoint, tmp_path, grid=GRID, narrator="on"))
+    server = BackgroundServer(create_app(c), on_exit=c.service().closing)
+    server.start()
+    stream = Events(f"{server.url}{BASE}/narration", 1)
+    t0 = time.monotonic()
+    server.stop()
+    assert not server.thread.is_alive() and time.monotonic() - t0 < KEEP_ALIVE_S  # no keep-alive needed
+    stream.join()  # the stream ended with the server
+    assert stream.got == []
