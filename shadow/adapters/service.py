@@ -17,8 +17,7 @@ profile=..., router=..., barrier=True)``               flight (``barrier``), the
                                                        narrator's slice, then reads within the ration
 ``finished(request_id, ids=())``                       the turn is over (last output ids, if any)
 ``hold()`` / ``add_hold(ttl_s)`` / ``release_hold(id)``  keep the idle window shut
-``on_narration(callback)``                             the narrator's summaries (profile
-                                                       ``narrator: on``; ``shadow.adapters.narrator``)
+``on_narration(callback)``                             the narrator's summaries (``narrator.py``)
 ``activity.engine_lock``, ``activity.box_lock``        the two locks (see ``shadow.core.host``);
                                                        a host passes its own to the container
 =====================================================  ==========================================
@@ -331,8 +330,7 @@ class ShadowService:
 
     def _narrates(self, session: str) -> bool:
         with self._mu:
-            profile = self._profile_of.get(session)
-        return profile is not None and self.profiles.get(profile).narrator == "on"
+            return session in self._profile_of and self.profiles.get(self._profile_of[session]).narrator == "on"
 
     def on_narration(self, callback: Callable[[Narration], None],
                      closed: Callable[[], None] | None = None) -> Callable[[], None]:
