@@ -7,6 +7,7 @@ until their clients go."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import sys
@@ -43,7 +44,8 @@ def serve(app: Any, host: str, port: int, log_level: str = "info", on_exit: Call
           **config: Any) -> None:
     server = _server(app, on_exit, **{"host": host, "port": port, "log_level": log_level, "lifespan": "on",
                                       **config})
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught once stopped
+        server.run()
     if not server.started:
         sys.exit(3)  # what uvicorn.run does when the app or the socket fails at start
 
