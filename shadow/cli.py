@@ -185,7 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if started is None:
         return 2
     settings, container = started
-    serve(create_app(container), settings.host, settings.port, log_level=args.log_level)
+    serve(create_app(container), settings.host, settings.port, log_level=args.log_level,
+          on_exit=container.service().closing)
     return 0
 
 
@@ -200,7 +201,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     settings, container = started
     app = create_proxy_app(args.upstream, container, timeout_s=args.timeout)
     # no Server or Date header of the proxy's own: the client gets the upstream's headers as they were
-    serve(app, settings.host, settings.port, log_level=args.log_level, server_header=False, date_header=False)
+    serve(app, settings.host, settings.port, log_level=args.log_level, on_exit=container.service().closing,
+          server_header=False, date_header=False)
     return 0
 
 

@@ -6,8 +6,8 @@ imports no torch. Tests override providers (``container.reader.override(...)``) 
 The service's part (below ``shadow``): the profiles, the host's activity and locks (a host that
 shares its own locks overrides ``activity``), the tracer provider (a ``Resource``: flushed and shut
 down by ``shutdown_resources``) and the telemetry over it, the model's slot (it builds ``shadow``
-lazily, in an idle window), the two schedulers, the router's shadow mode, and the service object
-that the API and an in-process host use.
+lazily, in an idle window), the two schedulers, the router's shadow mode, the narrator, and the
+service object that the API and an in-process host use.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from shadow.core.shadow import Shadow
 if TYPE_CHECKING:  # concrete types for the checker only: importing them here would import torch
     from opentelemetry.sdk.trace import TracerProvider
 
+    from shadow.adapters.narrator import Narrator
     from shadow.adapters.prompter import QwenPrompter
     from shadow.adapters.router import RouterShadow
     from shadow.adapters.service import ShadowService
@@ -103,7 +104,7 @@ def _shadow(reader: TorchReader, prompter: QwenPrompter, memory: MemoryStore, di
 def _profiles(settings: ShadowSettings) -> Profiles:
     from shadow.core.profiles import load_profiles
 
-    return load_profiles(settings.profiles)
+    return load_profiles(settings.profiles, settings.narrator)
 
 
 def _trace_kind(settings: ShadowSettings) -> OnOff:
@@ -136,6 +137,14 @@ def _router(settings: ShadowSettings, clock: Callable[[], float], telemetry: Tel
     return RouterShadow(settings.home / "shadow.jsonl", clock, telemetry)
 
 
+def _narrator(slot: Slot, settings: ShadowSettings, clock: Callable[[], float], telemetry: Telemetry,
+              ration: RationedScheduler) -> Narrator:
+    from shadow.adapters.narrator import Narrator
+
+    return Narrator(slot, settings.narrator_instruction, settings.narrator_share, settings.narrator_max_tokens,
+                    clock, telemetry, chunk_cost=ration.estimate)
+
+
 def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
           settings: ShadowSettings, router: RouterShadow) -> IdleScheduler:
     from shadow.backends.schedulers import IdleScheduler
@@ -159,10 +168,11 @@ def _activity(clock: Callable[[], float]) -> HostActivity:
 
 def _service(settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles, idle: IdleScheduler,
              ration: RationedScheduler, telemetry: Telemetry, router: RouterShadow,
-             clock: Callable[[], float]) -> ShadowService:
+             clock: Callable[[], float], narrator: Narrator) -> ShadowService:
     from shadow.adapters.service import ShadowService
 
-    return ShadowService(settings, slot, activity, profiles, idle, ration, telemetry, router, clock=clock)
+    return ShadowService(settings, slot, activity, profiles, idle, ration, telemetry, router, clock=clock,
+                         narrator=narrator)
 
 
 class Container(containers.DeclarativeContainer):
@@ -187,8 +197,9 @@ class Container(containers.DeclarativeContainer):
     router = providers.Singleton(_router, settings, clock, telemetry)
     idle = providers.Singleton(_idle, slot, activity, telemetry, clock, settings, router)
     ration = providers.Singleton(_ration, slot, telemetry, clock, settings)
+    narrator = providers.Singleton(_narrator, slot, settings, clock, telemetry, ration)
     service = providers.Singleton(_service, settings, slot, activity, profiles, idle, ration, telemetry, router,
-                                  clock)
+                                  clock, narrator)
 
 
 def build_container(settings: ShadowSettings) -> Container:

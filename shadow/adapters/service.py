@@ -13,10 +13,11 @@ same methods, and ``shadow.api.client.ShadowClient`` is the same interface over 
 profile=..., router=..., barrier=True)``               flight (``barrier``), then feeds the prompt
 ``first_token(request_id)``                            the ration counts from here
 ``round_ended(request_id, ids)``                       between two decode rounds, on the request's
-                                                       thread: feeds the new output ids, then
-                                                       reads within the ration
+                                                       thread: feeds the new output ids, then the
+                                                       narrator's slice, then reads within the ration
 ``finished(request_id, ids=())``                       the turn is over (last output ids, if any)
 ``hold()`` / ``add_hold(ttl_s)`` / ``release_hold(id)``  keep the idle window shut
+``on_narration(callback)``                             the narrator's summaries (``narrator.py``)
 ``activity.engine_lock``, ``activity.box_lock``        the two locks (see ``shadow.core.host``);
                                                        a host passes its own to the container
 =====================================================  ==========================================
@@ -51,6 +52,7 @@ from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Answer, ChunkRead, Shadow
 from shadow.core.slot import Slot
 
+from .narrator import Narration, Narrator
 from .router import RouterQuestion, RouterShadow, insertion_point
 
 Renderer = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None, bool | None], list[int]]
@@ -82,7 +84,8 @@ class ShadowService:
     def __init__(self, settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles,
                  idle: Scheduler, ration: Scheduler, telemetry: Telemetry | None = None,
                  router: RouterShadow | None = None, render: Renderer = render_messages,
-                 clock: Callable[[], float] = time.monotonic, keep_answers: int = 32) -> None:
+                 clock: Callable[[], float] = time.monotonic, keep_answers: int = 32,
+                 narrator: Narrator | None = None) -> None:
         self.settings = settings
         self.slot = slot
         self.activity = activity
@@ -91,6 +94,7 @@ class ShadowService:
         self.ration = ration
         self.telemetry = telemetry or NullTelemetry()
         self.router = router
+        self.narrator = narrator
         self.render = render
         self.clock = clock
         self.stats = {"idle": WindowStats(), "ration": WindowStats()}
@@ -285,15 +289,18 @@ class ShadowService:
         return self.activity.record_first_token(request_id)
 
     def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
-        """Between two decode rounds: feed the round's output ids, then read within the ration."""
+        """Between two decode rounds: feed the round's output ids, then the narrator's slice, then
+        read within the ration."""
         turn = self.activity.turn(request_id)
         session = turn.session
         if session is None or turn.started_s is None:
             raise BadInput(f"request {request_id!r} has not started")
         follows = self._follows(session)
-        if ids and follows:
-            self.feed_output(session, ids)
+        fed = self.feed_output(session, ids) if ids and follows else None
         turn = self.activity.record_round_ended(request_id, len(ids))
+        # the narrator first: a thought that just ended is summarised at its end, before the ration
+        # reads past it
+        self._narrate(turn, fed, ids, final=False)
         turn.budget_s = 0.0  # a session not followed gets no ration; a followed one, the scheduler's
         chunks = self.ration.step(turn) if follows else []
         self.stats["ration"].add(chunks)
@@ -312,9 +319,39 @@ class ShadowService:
 
     def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
         turn = self.activity.turn(request_id)
+        fed = None
         if ids and turn.session is not None and self._follows(turn.session):
-            self.feed_output(turn.session, ids)
+            fed = self.feed_output(turn.session, ids)
+        if turn.session is not None:  # before the turn ends: the idle window stays shut meanwhile
+            self._narrate(turn, fed, ids, final=True)
         return self.activity.record_finished(request_id, len(ids))
+
+    def _narrate(self, turn: TurnTimeline, fed: FeedResult | None, ids: Sequence[int], final: bool) -> None:
+        """The narrator's slice: thoughts that ended in ``ids`` (fed at the session's end), then the
+        summaries that fit the turn's share (``shadow.adapters.narrator``)."""
+        if self.narrator is None or turn.session is None:
+            return
+        if fed is not None and fed.followed and not fed.queued and self._narrates(turn.session):
+            self.narrator.output(turn, turn.session, fed.ids - len(ids), list(ids))
+        self.narrator.step(turn, final)
+
+    def _narrates(self, session: str) -> bool:
+        with self._mu:
+            return session in self._profile_of and self.profiles.get(self._profile_of[session]).narrator == "on"
+
+    def on_narration(self, callback: Callable[[Narration], None],
+                     closed: Callable[[], None] | None = None) -> Callable[[], None]:
+        """``callback`` gets each summary the narrator writes (a ``Narration``), on the thread of the
+        round that wrote it, and ``closed`` is called when the server stops; returns the call that
+        unsubscribes it."""
+        if self.narrator is None:
+            raise ShadowUnavailable("this service has no narrator")
+        return self.narrator.subscribe(callback, closed)
+
+    def closing(self) -> None:
+        """The server begins to stop: end the narration streams (their clients would hold it up)."""
+        if self.narrator is not None:
+            self.narrator.close()
 
     @contextmanager
     def hold(self) -> Iterator[str]:
@@ -407,6 +444,7 @@ class ShadowService:
             "checkpoints": sum(len(v.get("checkpoints", [])) for v in sessions.values()),
             "store": facade,
             "router": self.router.status() if self.router is not None else None,
+            "narrator": self.narrator.status() if self.narrator is not None else None,
             "answers": list(self.answers),
             "errors": list(self.errors),
         }

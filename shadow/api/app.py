@@ -9,6 +9,8 @@ provider) and the service's idle loop, and makes a planned stop on the way out. 
 ``GET /status``             the slot, sessions (read position, backlog, bytes, checkpoints, where),
                             windows, host activity, the router's agreement, the last answers
 ``POST /narrate``           the narrator's summary on top of the session (profile narrator: on)
+``GET /narration``          the narrator's summaries of finished thoughts, as server-sent events
+                            (``?session=``: one session's only)
 ``POST /feed/prompt``       a turn's whole prompt: ids, or messages (+ tools) rendered here
 ``POST /feed/output``       Qwen's output ids, appended
 ``POST /host/arrived``      a request is queued (the idle window stops before its next chunk)
@@ -34,6 +36,9 @@ The OpenAPI schema is served at ``/schema/openapi.json``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -54,6 +59,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Tag
 from litestar.openapi.spec.base import BaseSchemaObject
+from litestar.response import ServerSentEvent
+from litestar.response.sse import ServerSentEventMessage
 from litestar.status_codes import (
     HTTP_400_BAD_REQUEST,
     HTTP_404_NOT_FOUND,
@@ -62,6 +69,7 @@ from litestar.status_codes import (
     HTTP_503_SERVICE_UNAVAILABLE,
 )
 
+from shadow.adapters.narrator import Narration
 from shadow.adapters.service import ShadowService, ShadowUnavailable
 from shadow.core.errors import BadInput, ShadowError, TooMany, UnknownSession
 from shadow.core.host import FeedResult, TurnTimeline, UnknownRequest
@@ -92,6 +100,7 @@ from .models import (
 )
 
 BASE = "/v1/conductor/shadow"
+KEEP_ALIVE_S = 15.0  # a comment line this often: a client that went away is noticed
 log = logging.getLogger("shadow.api")
 VERSION = "0.1.0"
 
@@ -181,6 +190,39 @@ class ShadowController(Controller):
     def narrate(self, data: NarrateBody, service: ShadowService) -> Narrated:
         text, ids, ms = service.narrate(data.session, data.prompt, data.max_new)
         return Narrated(session=data.session, text=text, ids=ids, latency_ms=ms)
+
+    @get("/narration", responses=GUARDED, summary="The narrator's summaries, as server-sent events")
+    async def narration(self, service: ShadowService, session: str | None = None) -> ServerSentEvent:
+        """One ``narration`` event per summary (its JSON record), from the moment of the request on;
+        the stream opens with a ``: subscribed`` comment, keeps alive with comments, and ends when
+        the server stops."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Narration | None] = asyncio.Queue()
+
+        def put(n: Narration | None) -> None:  # on the round's thread; None: the server stops
+            if n is None or session is None or n.session == session:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: the stream is gone
+                    loop.call_soon_threadsafe(queue.put_nowait, n)
+
+        stop = service.on_narration(put, lambda: put(None))
+
+        async def events() -> AsyncIterator[ServerSentEventMessage]:
+            try:
+                yield ServerSentEventMessage(data=None, comment="subscribed")
+                while True:
+                    try:
+                        n = await asyncio.wait_for(queue.get(), KEEP_ALIVE_S)
+                    except TimeoutError:
+                        yield ServerSentEventMessage(data=None, comment="keep-alive")
+                        continue
+                    if n is None:
+                        return
+                    yield ServerSentEventMessage(data=json.dumps(n.as_dict()), event="narration",
+                                                 id=f"{n.session}/{n.thought}")
+            finally:
+                stop()
+
+        return ServerSentEvent(events())
 
     @delete("/sessions/{session:path}", responses=FORGET, status_code=204, sync_to_thread=True,
             summary="Forget a session: its state, its parked file, its bookkeeping")

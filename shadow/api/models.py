@@ -13,6 +13,7 @@ from .status import (
     AnswerRecord,
     HostStatus,
     IdleLoopStatus,
+    NarratorStatus,
     ProfilesStatus,
     RouterStatus,
     SessionStatus,
@@ -180,6 +181,7 @@ class Status(Struct, kw_only=True, forbid_unknown_fields=True):
     checkpoints: int
     store: StoreStatus
     router: RouterStatus | None
+    narrator: NarratorStatus | None
     answers: list[AnswerRecord]
     errors: list[str]
 

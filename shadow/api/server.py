@@ -1,12 +1,19 @@
 """Serving the app with uvicorn: in the foreground (``shadow serve``) or on a background thread
-bound to a loopback socket (the demo and the end-to-end tests: a real server, a real port)."""
+bound to a loopback socket (the demo and the end-to-end tests: a real server, a real port).
+
+``on_exit`` runs in the server's loop when it begins to stop, before it waits for open connections:
+the service's ``closing`` ends the narration streams there, which would otherwise hold the stop
+until their clients go."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -21,24 +28,38 @@ def is_loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
-def serve(app: Any, host: str, port: int, log_level: str = "info", **config: Any) -> None:
+def _server(app: Any, on_exit: Callable[[], None] | None, **config: Any) -> Any:
     import uvicorn
 
-    uvicorn.run(app, **{"host": host, "port": port, "log_level": log_level, "lifespan": "on", **config})
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if on_exit is not None:
+                on_exit()
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(app, **config))
+
+
+def serve(app: Any, host: str, port: int, log_level: str = "info", on_exit: Callable[[], None] | None = None,
+          **config: Any) -> None:
+    server = _server(app, on_exit, **{"host": host, "port": port, "log_level": log_level, "lifespan": "on",
+                                      **config})
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught once stopped
+        server.run()
+    if not server.started:
+        sys.exit(3)  # what uvicorn.run does when the app or the socket fails at start
 
 
 class BackgroundServer:
     """uvicorn on its own thread, on a socket bound before it starts (port 0: any free port)."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
-                 **config: Any) -> None:
-        import uvicorn
-
+                 on_exit: Callable[[], None] | None = None, **config: Any) -> None:
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]
-        self.server = uvicorn.Server(uvicorn.Config(app, **{"log_level": log_level, "lifespan": "on", **config}))
+        self.server = _server(app, on_exit, **{"log_level": log_level, "lifespan": "on", **config})
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="shadow-server", daemon=True)
 

@@ -160,3 +160,40 @@ class AnswerRecord(_Part):
     behind: int
     latency_ms: float
     at: float
+
+
+class NarrationRecord(_Part):
+    """One summary of a finished thought (``shadow.adapters.narrator.Narration``)."""
+
+    session: str
+    request_id: str
+    thought: int
+    at: int
+    text: str
+    ids: list[int]
+    extra_ids: int
+    committed: int
+    chunks: int
+    cost_ms: float
+    estimate_ms: float | None
+    budget_ms: float
+    turn_spent_ms: float
+    since_first_token_ms: float
+    waited_rounds: int
+
+
+class NarratorStatus(_Part):
+    """The narrator's slices: summaries written, skipped (``budget``: still waiting when the turn
+    finished; ``not_loaded``), waiting, the time they used, the last one's cost."""
+
+    share: float
+    max_tokens: int
+    summaries: int
+    failed: int
+    skipped: dict[str, int]
+    waiting: int
+    spent_ms: float
+    last_cost_ms: float | None
+    subscribers: int
+    last: list[NarrationRecord]
+    errors: list[str]

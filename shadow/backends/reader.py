@@ -205,20 +205,21 @@ class TorchReader:
             state.load_recurrent(saved)
 
     def fork_decode(self, book: SessionBook, tensors: SessionTensors, prompt: list[int], max_new: int,
-                    stop: set[int]) -> list[int]:
-        """Greedy decoding on top of the session (the narrator's path); the committed state is untouched."""
+                    stop: set[int], upto: int | None = None) -> list[int]:
+        """Greedy decoding on top of the session, as if it ended at ``upto`` (the narrator's path);
+        the committed state is untouched."""
         state = tensors.state
         committed = state.length
         out: list[int] = []
         if self.fast is not None:
-            fork = self.fast.fork(book.ids[committed:] + prompt, state)
+            fork = self.fast.fork(book.ids[committed:upto] + prompt, state)
             try:
                 return fork.decode(max_new, stop) if max_new > 0 else out
             finally:
                 fork.close()
         saved = state.save_recurrent()
         try:
-            logits: torch.Tensor | None = self._forward_pieces(book.ids[committed:] + prompt, state)
+            logits: torch.Tensor | None = self._forward_pieces(book.ids[committed:upto] + prompt, state)
             while logits is not None and len(out) < max_new:
                 token = int(logits.argmax())
                 out.append(token)

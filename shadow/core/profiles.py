@@ -9,7 +9,8 @@ A profile may carry any other keys (the host's own); only its ``shadow`` block i
         shadow: {mode: on, narrator: off, router: shadow, router_min_tokens: 8192}
       chat: {}            # no shadow block: the shadow is off for this profile
 
-Absent block or key: off (``router_min_tokens``: 8192). YAML's ``on``/``off`` (booleans in YAML
+Absent block or key: off (``router_min_tokens``: 8192; ``narrator``: the ``NARRATOR`` setting's value,
+off by default). YAML's ``on``/``off`` (booleans in YAML
 1.1) read as the words. A bad value fails at start with ``ProfileError`` naming the file, the
 profile and the key. Without a file there is one profile, ``default``, with ``mode: on``.
 """
@@ -73,8 +74,8 @@ class Profiles:
         return {"source": self.source, "profiles": {n: b.as_dict() for n, b in self.blocks.items()}}
 
 
-def builtin_profiles() -> Profiles:
-    return Profiles({DEFAULT_PROFILE: ShadowBlock(mode="on")}, "(built in)")
+def builtin_profiles(narrator: Mode = "off") -> Profiles:
+    return Profiles({DEFAULT_PROFILE: ShadowBlock(mode="on", narrator=narrator)}, "(built in)")
 
 
 def _word(value: Any, words: tuple[str, ...], where: str) -> str:
@@ -87,10 +88,11 @@ def _word(value: Any, words: tuple[str, ...], where: str) -> str:
     raise ProfileError(f"{where}: {value!r} is not one of {', '.join(words)}")
 
 
-def parse_block(raw: Any, where: str) -> ShadowBlock:
-    """One ``shadow:`` block; ``where`` prefixes error messages (file, profile)."""
+def parse_block(raw: Any, where: str, narrator: Mode = "off") -> ShadowBlock:
+    """One ``shadow:`` block; ``where`` prefixes error messages (file, profile); ``narrator`` is the
+    narrator's value where the block does not say."""
     if raw is None:
-        return ShadowBlock()
+        return ShadowBlock(narrator=narrator)
     if not isinstance(raw, Mapping):
         raise ProfileError(f"{where}: the shadow block must be a mapping, got {type(raw).__name__}")
     unknown = [k for k in raw if k not in _BLOCK_KEYS]
@@ -100,13 +102,13 @@ def parse_block(raw: Any, where: str) -> ShadowBlock:
     if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
         raise ProfileError(f"{where}.router_min_tokens: {min_tokens!r} is not a whole number >= 0")
     mode = _word(raw.get("mode", "off"), ("off", "on"), f"{where}.mode")
-    narrator = _word(raw.get("narrator", "off"), ("off", "on"), f"{where}.narrator")
+    narrates = _word(raw.get("narrator", narrator), ("off", "on"), f"{where}.narrator")
     router = _word(raw.get("router", "off"), ("off", "shadow"), f"{where}.router")
-    return ShadowBlock(mode=mode, narrator=narrator, router=router,  # type: ignore[arg-type]
+    return ShadowBlock(mode=mode, narrator=narrates, router=router,  # type: ignore[arg-type]
                        router_min_tokens=min_tokens)
 
 
-def parse_profiles(data: Any, source: str) -> Profiles:
+def parse_profiles(data: Any, source: str, narrator: Mode = "off") -> Profiles:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -122,14 +124,15 @@ def parse_profiles(data: Any, source: str) -> Profiles:
             profile = {}
         if not isinstance(profile, Mapping):
             raise ProfileError(f"{source}: profile {name!r} must be a mapping, got {type(profile).__name__}")
-        blocks[str(name)] = parse_block(profile.get("shadow"), where)
+        blocks[str(name)] = parse_block(profile.get("shadow"), where, narrator)
     return Profiles(blocks, source)
 
 
-def load_profiles(path: str | Path | None) -> Profiles:
-    """The profiles in ``path``; none given: the built-in ``default`` profile with mode on."""
+def load_profiles(path: str | Path | None, narrator: Mode = "off") -> Profiles:
+    """The profiles in ``path``; none given: the built-in ``default`` profile with mode on.
+    ``narrator`` (the setting) is the narrator's value of every block that does not say."""
     if path is None or not str(path).strip():
-        return builtin_profiles()
+        return builtin_profiles(narrator)
     p = Path(path).expanduser()
     source = str(p.resolve())
     try:
@@ -147,4 +150,4 @@ def load_profiles(path: str | Path | None) -> Profiles:
             data = yaml.safe_load(text)
     except Exception as err:  # every parser's own error type: say which file and why
         raise ProfileError(f"{source}: not valid {p.suffix.lstrip('.') or 'YAML'}: {err}") from None
-    return parse_profiles(data, source)
+    return parse_profiles(data, source, narrator)

@@ -79,13 +79,16 @@ def ask_span(telemetry: Telemetry, kind: str, session: str, choices: Sequence[st
         yield AskSpan(span)
 
 
-def ration_budget(turn: TurnTimeline, now: float, share: float = SHARE, slice_s: float = SLICE_S) -> float:
-    """Seconds of reading this slice may use: ``share`` of the time since the turn's first token,
-    less what the turn used already, at most ``slice_s``; 0 before the first token."""
+def ration_budget(turn: TurnTimeline, now: float, share: float = SHARE, slice_s: float = SLICE_S,
+                  spent_s: float | None = None) -> float:
+    """Seconds this slice may use: ``share`` of the time since the turn's first token, less what
+    the turn used already (``spent_s``; by default the reader's ``turn.spent_s``: the narrator
+    passes its own), at most ``slice_s``; 0 before the first token."""
     if turn.first_token_s is None:
         return 0.0
     earned = share * max(0.0, now - turn.first_token_s)
-    return max(0.0, min(slice_s, earned - turn.spent_s))
+    used = turn.spent_s if spent_s is None else spent_s
+    return max(0.0, min(slice_s, earned - used))
 
 
 def fits(spent: float, estimate: float | None, budget: float) -> bool:

@@ -48,6 +48,13 @@ class ShadowSettings(BaseSettings):
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")
     narrator_model: str = Field("", description="the host narrator's checkpoint; the same folder as MODEL: "
                                                 "one slot, one copy of the weights")
+    narrator: Literal["on", "off"] = Field(
+        "off", description="the narrator (a one-line summary of each thought Qwen finishes) for profiles whose "
+                           "shadow block does not say; a profile's `narrator:` overrides it")
+    narrator_prompt: str = Field("", description="file holding the narrator's instruction; empty: the one "
+                                                 "shipped in shadow/data/narrator/prompt.txt")
+    narrator_share: float = Field(0.03, description="the narrator's share of the time since a turn's first token")
+    narrator_max_tokens: int = Field(32, description="longest summary the narrator decodes, in tokens")
     sessions: str = Field("", description="folder of real agent sessions `shadow verify` checks when given "
                                           "no paths; empty: it asks for paths")
 
@@ -128,6 +135,15 @@ class ShadowSettings(BaseSettings):
         return Path(self.trace_file).expanduser() if self.trace_file else self.home / "traces.jsonl"
 
     @property
+    def narrator_instruction(self) -> str:
+        """The narrator's instruction: NARRATOR_PROMPT's file, or the one shipped with the package."""
+        if self.narrator_prompt:
+            return _prompt_text(self.narrator_prompt)
+        from importlib.resources import files
+
+        return files("shadow.data").joinpath("narrator", "prompt.txt").read_text(encoding="utf-8").strip()
+
+    @property
     def shares_narrator_slot(self) -> bool:
         """MODEL names the narrator's model: both use one slot and one copy of the weights."""
         if not (self.on and self.narrator_model.strip()):
@@ -158,7 +174,7 @@ class ShadowSettings(BaseSettings):
                              "schema states this bound)")
         return v
 
-    @field_validator("ration")
+    @field_validator("ration", "narrator_share")
     @classmethod
     def _share(cls, v: float) -> float:
         if not 0 <= v < 1:
@@ -186,7 +202,14 @@ class ShadowSettings(BaseSettings):
             raise ValueError("must not be empty")
         return v
 
-    @field_validator("max_body_kb", "max_holds", "max_session_ids")
+    @field_validator("narrator_prompt")
+    @classmethod
+    def _prompt_file(cls, v: str) -> str:
+        if v:
+            _prompt_text(v)
+        return v
+
+    @field_validator("max_body_kb", "max_holds", "max_session_ids", "narrator_max_tokens")
     @classmethod
     def _body(cls, v: int) -> int:
         if v < 1:
@@ -220,6 +243,17 @@ class _OurKeysOnly(PydanticBaseSettingsSource):
 
 def _split(v: str) -> list[str]:
     return [t.strip().lower() for t in v.split(",") if t.strip()]
+
+
+def _prompt_text(path: str) -> str:
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read the narrator's prompt file {str(p)!r}: {err}") from None
+    if not text:
+        raise ValueError(f"the narrator's prompt file {str(p)!r} is empty")
+    return text
 
 
 def _same_folder(a: str, b: str) -> bool:

@@ -253,16 +253,22 @@ class Shadow:
         return Answer(choices[best], dict(zip(choices, probs, strict=True)), behind,
                       (time.perf_counter() - t0) * 1e3)
 
-    def decode(self, session: str, prompt: str | Sequence[int], max_new: int = 64) -> list[int]:
-        """Greedy decoding on top of the session (the narrator's fork); the session is untouched."""
+    def decode(self, session: str, prompt: str | Sequence[int], max_new: int = 64,
+               at: int | None = None) -> list[int]:
+        """Greedy decoding on top of the session (the narrator's fork); the session is untouched but
+        for the pending tail's whole chunks, read first as ``ask`` does. ``at``: as if the session
+        ended there (the end of a thought), as long as the reader has not committed rows past it."""
         if max_new <= 0:
             raise BadInput("max_new must be positive")
         with self._lock:
             self.residency.check(session)
             ids = self._question(prompt)
             with self.residency.using(session) as (book, tensors):
-                self._read_tail(session, book, tensors)
-                return self.reader.fork_decode(book, tensors, ids, max_new, self.prompter.stop_ids)
+                if at is not None and not book.committed <= at <= len(book.ids):
+                    raise BadInput(f"cannot decode at {at}: the session has {len(book.ids)} ids and "
+                                   f"{book.committed} are read already")
+                self._read_tail(session, book, tensors, upto=at)
+                return self.reader.fork_decode(book, tensors, ids, max_new, self.prompter.stop_ids, upto=at)
 
     # ---- state -------------------------------------------------------------------------
 

@@ -71,8 +71,10 @@ def fuzz(op: Any, mode: GenerationMode, seen: list[int]) -> Callable[[], None]:
 def test_no_5xx_and_answers_as_documented(api_schema: Any, mode: GenerationMode) -> None:
     # (schemathesis' own pytest plugin does not run under pytest 9: its strategies, driven here)
     operations = [r.ok() for r in api_schema.get_all_operations()]
-    assert len(operations) == 13
+    assert len(operations) == 14
     for op in operations:
+        if op.path.endswith("/narration"):
+            continue  # an event stream never ends, so no answer to judge; tests/api/test_narrator.py reads it
         if mode is GenerationMode.NEGATIVE and op.method.upper() == "GET":
             continue  # GET /status takes no input: nothing to make invalid
         seen: list[int] = []

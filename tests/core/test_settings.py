@@ -14,6 +14,9 @@ import pytest
 from shadow.cli import main
 from shadow.core.profiles import ProfileError, ShadowBlock, load_profiles
 from shadow.core.settings import PREFIX, SettingsError, ShadowSettings
+from shadow.data import __file__ as _data
+
+NARRATOR_PROMPT = Path(_data).parent / "narrator" / "prompt.txt"  # a real file: the setting checks it
 
 # One value per key, unlike its default, in the form the environment gives it.
 SAMPLES = {
@@ -27,6 +30,10 @@ SAMPLES = {
     "disk": ("/nvme/shadow", "/nvme/shadow"),
     "disk_gb": ("12", 12.0),
     "narrator_model": ("/models/narrator", "/models/narrator"),
+    "narrator": ("on", "on"),
+    "narrator_prompt": (str(NARRATOR_PROMPT), str(NARRATOR_PROMPT)),
+    "narrator_share": ("0.05", 0.05),
+    "narrator_max_tokens": ("24", 24),
     "sessions": ("/data/sessions/raw", "/data/sessions/raw"),
     "host": ("0.0.0.0", "0.0.0.0"),
     "port": ("9011", 9011),
@@ -101,6 +108,10 @@ def test_defaults() -> None:
     ("QWEN38_SHADOW_RATION=2", "share"),
     ("QWEN38_SHADOW_MAX_HOLD_S=7200", "at most 3600 s"),
     ("QWEN38_SHADOW_TRACE=jaeger", "unknown exporter 'jaeger'"),
+    ("QWEN38_SHADOW_NARRATOR=yes", "'on' or 'off'"),
+    ("QWEN38_SHADOW_NARRATOR_SHARE=3", "share"),
+    ("QWEN38_SHADOW_NARRATOR_MAX_TOKENS=0", "at least 1"),
+    ("QWEN38_SHADOW_NARRATOR_PROMPT=/nowhere/prompt.txt", "cannot read the narrator's prompt file"),
     ("QWEN38_SHADOW_GIRD=512", "not a setting"),
 ])
 def test_bad_value_names_key_and_file(line: str, says: str, tmp_path: Path) -> None:
@@ -155,6 +166,24 @@ def test_profiles_yaml_on_off_words_and_absent_blocks(tmp_path: Path) -> None:
     assert prof.any_on and prof.source == str(p.resolve())
     with pytest.raises(ProfileError, match="unknown profile 'nope'"):
         prof.get("nope")
+
+
+def test_the_narrator_setting_is_the_default_of_every_block_that_does_not_say(tmp_path: Path) -> None:
+    p = tmp_path / "profiles.yaml"
+    p.write_text("coding:\n  shadow: {mode: on}\nquiet:\n  shadow: {mode: on, narrator: off}\nchat: {}\n")
+    assert load_profiles(p).get("coding").narrator == "off"  # the setting's default: off
+    on = load_profiles(p, narrator="on")
+    assert (on.get("coding").narrator, on.get("quiet").narrator, on.get("chat").follows) == ("on", "off", False)
+    assert load_profiles("", narrator="on").get("default") == ShadowBlock("on", "on")
+    s = ShadowSettings(_env_file=None)
+    assert (s.narrator, s.narrator_share, s.narrator_max_tokens) == ("off", 0.03, 32)
+    assert s.narrator_instruction == NARRATOR_PROMPT.read_text().strip() and "one short line" in s.narrator_instruction
+    mine = tmp_path / "prompt.txt"
+    mine.write_text("  Say it in five words.\n")
+    assert ShadowSettings(_env_file=None, narrator_prompt=str(mine)).narrator_instruction == "Say it in five words."
+    mine.write_text(" \n")
+    with pytest.raises(SettingsError, match=r"QWEN38_SHADOW_NARRATOR_PROMPT=.* given as an argument: .*is empty"):
+        ShadowSettings(_env_file=None, narrator_prompt=str(mine))
 
 
 def test_profiles_toml_and_json_and_builtin(tmp_path: Path) -> None:
