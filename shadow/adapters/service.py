@@ -179,17 +179,22 @@ class ShadowService:
                 q = self._queued.get(session)
             n = len(q.prompt) + len(q.outputs) if q else 0
             return FeedResult(session, True, queued=True, ids=n, backlog=n, **kw)
-        p = self._position(shadow, session) or Position()
-        return FeedResult(session, True, ids=p.length, committed=p.committed, backlog=p.pending, **kw)
+        held, committed = self._counts(shadow, session)
+        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed, **kw)
 
     @staticmethod
     def _position(shadow: Shadow, session: str) -> Position | None:
-        """The session's bookkeeping, or None for one never fed. Cheap (no byte counts): the host
-        calls this path on every decode round."""
-        try:
+        try:  # no byte counts, no status line: the host calls these paths on every decode round
             return shadow.position(session)
         except UnknownSession:
             return None
+
+    @staticmethod
+    def _counts(shadow: Shadow, session: str) -> tuple[int, int]:
+        try:
+            return shadow.counts(session)
+        except UnknownSession:
+            return 0, 0
 
     def _within_length(self, session: str, held: int, more: int) -> None:
         """A session's ids are bounded (``MAX_SESSION_IDS``): a feed past it is refused whole and the
@@ -246,8 +251,7 @@ class ShadowService:
                 self._within_length(session, len(q.prompt) + len(q.outputs), len(ids))
                 q.outputs.extend(ids)
                 return self._result(None, session)
-        held = self._position(shadow, session)
-        self._within_length(session, held.length if held else 0, len(ids))
+        self._within_length(session, self._counts(shadow, session)[0], len(ids))
         shadow.feed_output(session, ids)
         return self._result(shadow, session)
 
@@ -305,8 +309,8 @@ class ShadowService:
         chunks = self.ration.step(turn) if follows else []
         self.stats["ration"].add(chunks)
         shadow = self._live
-        p = self._position(shadow, session) if shadow is not None else None
-        backlog = p.pending if p is not None else 0
+        held, committed = self._counts(shadow, session) if shadow is not None else (0, 0)
+        backlog = held - committed
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, backlog)
 

@@ -84,6 +84,16 @@ class Residency:
                 return Position()
             return info.position
 
+    def counts(self, session: str) -> tuple[int, int]:
+        """``(ids held, ids committed)``: ``position``'s two numbers without its copy of the rest
+        (the host asks on every decode round)."""
+        with self.lock:
+            book = self._entry(session).book
+            if book is not None:
+                return len(book.ids), book.committed
+        p = self.position(session)
+        return p.length, p.committed
+
     def session_ids(self, session: str) -> tuple[int, ...]:
         """Every id the session holds. A session parked by an earlier process keeps its ids in its
         file only: that one is restored to read them (what using it next would do anyway)."""

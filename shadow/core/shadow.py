@@ -132,8 +132,13 @@ class Shadow:
         """Every id the session holds (a copy): what a fresh prefill to compare with reads."""
         return self.residency.session_ids(session)
 
+    def counts(self, session: str) -> tuple[int, int]:
+        """``(ids held, ids committed)`` of the session; never brings its state back."""
+        return self.residency.counts(session)
+
     def backlog(self, session: str) -> int:
-        return self.residency.position(session).pending
+        held, committed = self.residency.counts(session)
+        return held - committed
 
     def backlogs(self) -> dict[str, int]:
         """Ids not yet committed, per session (resident or parked): what schedulers poll."""

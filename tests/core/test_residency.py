@@ -237,3 +237,13 @@ def test_close_parks_every_resident_session():
     r.close()
     assert sorted(disk.files) == ["a", "b"] and r.memory.names() == [] and disk.closed
 
+
+
+def test_counts_are_positions_two_numbers_resident_parked_and_unknown():
+    r, _ = residency(Disk(), cap=None)
+    feed(r, "s", 200, committed=128)
+    assert r.counts("s") == (200, 128) == (r.position("s").length, r.position("s").committed)
+    r.park("s")
+    assert r.counts("s") == (200, 128) and r.where("s") == "parked"  # read from the file's record
+    with pytest.raises(UnknownSession):
+        r.counts("nobody")
