@@ -1,7 +1,9 @@
 """The host interface's per-round call timed alone: ``round_ended`` with one id, 1,000 times, on a
 tiny model on the CPU (no chunk is read: the ration is 0), without and then with the idle loop's
-thread running. What ``ab_cost.py`` sees a call cost beside a decoding model, less its chunks, is
-to be compared with this.
+thread running, then with the thread blocked for ``--gap-ms`` before each call (as a host that
+waits on the device between rounds: a call made right after the wait runs on cold caches and a
+slowed core). What ``ab_cost.py`` sees a call cost beside a decoding model, less its chunks, is to
+be compared with these.
 
     python -m benchmarks.host_calls [--out DIR]      # prints; with --out writes DIR/host_calls.json
 """
@@ -22,6 +24,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--gap-ms", type=float, default=5.0, help="the wait before each call of the last runs")
     args = parser.parse_args()
     import torch
 
@@ -45,15 +48,19 @@ def main() -> None:
     prompt = [rng.randrange(1000, 2000) for _ in range(3000)]
     result: dict[str, object] = {**environment(), "rounds": args.rounds}
 
-    def timed(tag: str, run: int) -> float:
+    def timed(tag: str, run: int, gap_s: float = 0.0) -> float:
         rid = f"{tag}-{run}"
         service.arrived(rid)
         service.started(rid, rid, prompt)
         service.first_token(rid)
-        t0 = time.perf_counter()
+        spent = 0.0
         for _ in range(args.rounds):
+            if gap_s:
+                time.sleep(gap_s)
+            t0 = time.perf_counter()
             service.round_ended(rid, [rng.randrange(1000, 2000)])
-        us = (time.perf_counter() - t0) / args.rounds * 1e6
+            spent += time.perf_counter() - t0
+        us = spent / args.rounds * 1e6
         service.finished(rid)
         print(f"{tag} run {run}: {us:.1f} us a round_ended", flush=True)
         return us
@@ -61,6 +68,8 @@ def main() -> None:
     result["alone_us"] = [timed("alone", r) for r in range(3)]
     service.start()
     result["idle_loop_us"] = [timed("idle-loop", r) for r in range(3)]
+    result["gap_ms"] = args.gap_ms
+    result["after_gap_us"] = [timed(f"after-{args.gap_ms:g}-ms", r, args.gap_ms / 1e3) for r in range(3)]
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "host_calls.json").write_text(json.dumps(result, indent=1))
