@@ -44,7 +44,7 @@ then there (the project's dependencies as for ``pytest -m gpu``; sized to finish
     pip install -q --no-deps .whl/fla_core-0.6.0-py3-none-any.whl && \\
     SHADOW_COMMIT=<commit> python -m benchmarks.ab_cost --out "$OUT" --raw .bench [--smoke]
 
-Writes ``DIR/ab_cost-<date>.json`` (``-smoke``, ``-cpu`` added for those runs) and the spans beside
+Writes ``DIR/ab_cost-<date>.json`` (``-overlap``, ``-smoke``, ``-cpu`` added for those runs) and the spans beside
 it (``.trace.jsonl``), and prints a table.
 """
 
@@ -201,7 +201,8 @@ class Run:
                 **self.trace, "turns": [asdict(t) for t in self.turns]}
 
 
-def serve_run(main: MainModel, host: Any, sessions: Sequence[Served], run: Run, gap_s: float) -> list[str]:
+def serve_run(main: MainModel, host: Any, sessions: Sequence[Served], run: Run, gap_s: float,
+              overlap: bool = False) -> list[str]:
     """Every turn of every session once; returns the session names the shadow was told of."""
     names = []
     run.start_ns = time.time_ns()
@@ -209,7 +210,7 @@ def serve_run(main: MainModel, host: Any, sessions: Sequence[Served], run: Run, 
         name = f"ab-{run.index:02d}-{run.arm}-s{j}"
         names.append(name)
         for k, (prompt, output) in enumerate(s.turns):
-            run.turns.append(serve_turn(main, host, f"{name}-t{k}", name, prompt, output))
+            run.turns.append(serve_turn(main, host, f"{name}-t{k}", name, prompt, output, overlap))
             time.sleep(gap_s)  # the agent's tool call: the idle window's turn
     run.end_ns = time.time_ns()
     return names
@@ -335,6 +336,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--drain-timeout-s", type=float, default=60.0)
     ap.add_argument("--tmp", default=None, help="where the shadow's random checkpoint is written")
+    ap.add_argument("--overlap", action="store_true",
+                    help="report each round while the GPU runs the next step (an overlapped engine)")
     ap.add_argument("--smoke", action="store_true", help="1 run per arm, no warm-up, 2 turns, 16 ids of output")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -362,7 +365,8 @@ def main(argv: Sequence[str] | None = None) -> int:
          f"{sum(s.output_ids for s in sessions)} output ids a run; device {device}, main {args.main_shape} "
          f"({'fast' if fast else 'eager'}), shadow {shadow_shape}", t_start)
 
-    suffix = ("-smoke" if args.smoke else "") + ("-cpu" if device.type == "cpu" else "")
+    suffix = "".join(tag for tag, on in (("-overlap", args.overlap), ("-smoke", args.smoke),
+                                          ("-cpu", device.type == "cpu")) if on)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"ab_cost-{str(env['date'])[:10]}{suffix}"
     trace_path = args.out / f"{stem}.trace.jsonl"
@@ -381,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             first = time.perf_counter()
             for i, (arm, warm) in enumerate(schedule):
                 run = Run(i, arm, warm)
-                names_fed = serve_run(main_model, service if arm == "on" else None, sessions, run, args.gap_s)
+                names_fed = serve_run(main_model, service if arm == "on" else None, sessions, run, args.gap_s,
+                                      args.overlap)
                 if arm == "on":
                     run.drain_s, run.sessions = drain(service, names_fed, args.grid, args.drain_timeout_s)
                 runs.append(run)

@@ -103,17 +103,27 @@ class MainModel:
         return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
 
     def step(self, token: int) -> int:
+        return self.launch(token)()
+
+    def launch(self, token: int) -> Callable[[], int]:
+        """One step of ``token``, queued; returns what waits for it and reads its argmax. On the
+        fast path the GPU runs the step while the host does other work (an overlapped engine's
+        host reports the round before meanwhile); the torch forward is done on return."""
         if self.fast is not None:
             if self._fork is None:
                 raise RuntimeError("step before prefill")
-            logits = self._fork.extend([token]).logits
-        else:
-            logits = self.model.forward(torch.tensor([token], dtype=torch.long), self.state, logits_at=[-1])
-        assert logits is not None
-        return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
+            fork = self._fork.extend([token])
+            return lambda: _argmax(fork.logits)
+        value = _argmax(self.model.forward(torch.tensor([token], dtype=torch.long), self.state, logits_at=[-1]))
+        return lambda: value
 
     def finish(self) -> None:
         self._end()
+
+
+def _argmax(logits: torch.Tensor | None) -> int:
+    assert logits is not None
+    return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
 
 
 def build_main(name: str, device: torch.device, dtype: torch.dtype, grid: int, fast: bool,
@@ -158,8 +168,11 @@ class TurnTiming:
 
 
 def serve_turn(main: MainModel, host: Host | None, request_id: str, session: str, prompt: Sequence[int],
-               output: Sequence[int]) -> TurnTiming:
-    """One request: prefill ``prompt``, then decode ``len(output)`` tokens, reporting to ``host``."""
+               output: Sequence[int], overlap: bool = False) -> TurnTiming:
+    """One request: prefill ``prompt``, then decode ``len(output)`` tokens, reporting to ``host``.
+    ``overlap``: each round is reported while the GPU runs the next step (as SGLang's overlap
+    scheduler and vLLM's async scheduling run their host work), not after it; the same calls with
+    the same ids in the same order."""
     if not output:
         raise ValueError(f"{request_id}: a turn without output ids has no decode to measure")
     calls: list[str] = []
@@ -189,11 +202,20 @@ def serve_turn(main: MainModel, host: Host | None, request_id: str, session: str
         host.first_token(request_id)
         calls_s += time.perf_counter() - t0
         calls.append("first_token")
-        round_ended(output[0])
+        if not overlap:
+            round_ended(output[0])
     for i in range(1, len(output)):
+        if overlap:
+            wait = main.launch(output[i - 1])
+            if host is not None:
+                round_ended(output[i - 1])  # the round before, while this step runs
+            wait()
+            continue
         main.step(output[i - 1])
         if host is not None:
             round_ended(output[i])
+    if overlap and host is not None:
+        round_ended(output[-1])
     t_end = time.perf_counter()
     end_ns = time.time_ns()
     if host is not None:

@@ -112,7 +112,10 @@ def real_turns(shared_data: Path) -> list[tuple[list[int], list[int]]]:
     return served[0].turns
 
 
-def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path, overlap: bool) -> None:
+    """Blocking or overlapped (each round reported while the next step runs): the same calls, the
+    same ids in the same order, and the shadow holds what was served."""
     main_model, info = build_main("tiny", CPU, torch.float32, 512, fast=False)
     assert info["path"] == "eager" and info["capture_s"] == 0.0
     container, service, _ = build_service(tmp_path, "tiny", CPU, torch.float32, 512, 0.02, tmp_path / "t.jsonl")
@@ -121,7 +124,7 @@ def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path
         held: list[int] = []
         for k, (prompt, output) in enumerate(real_turns):
             rid = f"req-{k}"
-            t = serve_turn(main_model, host, rid, "sess", prompt, output)  # type: ignore[arg-type]
+            t = serve_turn(main_model, host, rid, "sess", prompt, output, overlap)  # type: ignore[arg-type]
             names = [c[0] for c in host.calls]
             assert names == ["arrived", "started", "first_token"] + ["round_ended"] * len(output) + ["finished"]
             assert host.calls[0][1] == (rid,)
