@@ -6,7 +6,8 @@ the service in process, answering the same records (``TurnTimeline``, ``FeedResu
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -75,6 +76,33 @@ class ShadowClient:
 
     def narrate(self, session: str, prompt: str, max_new: int = 64) -> dict[str, Any]:
         return dict(self._call("POST", "/narrate", {"session": session, "prompt": prompt, "max_new": max_new}))
+
+    def narrations(self, session: str | None = None,
+                   on_open: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
+        """The narrator's summaries as they come (the server-sent events of ``GET /narration``), one
+        dict each: the event's JSON with its ``event`` and ``id``. ``on_open`` is called once the
+        service has subscribed the stream: no summary after that is missed. Runs until the server
+        ends the stream, or the caller stops iterating (the connection is then closed)."""
+        params = {"session": session} if session is not None else None
+        with self.http.stream("GET", "/narration", params=params) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise ShadowHTTPError(r.status_code, r.text)
+            kind = r.headers.get("content-type", "")
+            if not kind.startswith("text/event-stream"):
+                raise ShadowHTTPError(r.status_code, f"/narration answered {kind or 'no content type'}, "
+                                                     "not an event stream")
+            event: dict[str, str] = {}
+            for line in r.iter_lines():
+                if line.startswith(":"):  # comments: the subscription, then keep-alives
+                    if line == ": subscribed" and on_open is not None:
+                        on_open()
+                elif line:
+                    key, _, value = line.partition(":")
+                    event[key] = value.removeprefix(" ")
+                elif "data" in event:
+                    yield {"event": event.get("event", "message"), "id": event.get("id"), **json.loads(event["data"])}
+                    event = {}
 
     # ---- feeding ----
     def feed_prompt(self, session: str, prompt: Sequence[int] | Mapping[str, Any], **kw: Any) -> dict[str, Any]:

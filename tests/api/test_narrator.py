@@ -7,7 +7,6 @@ events over a real loopback server (the API's app and the proxy's)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from shadow.adapters.narrator import MAX_CHARS, Narration
 from shadow.adapters.tokens import THINK_END
 from shadow.adapters.transcripts import Turn, load_transcript, render_turns
-from shadow.api.app import BASE, KEEP_ALIVE_S, create_app
+from shadow.api.app import KEEP_ALIVE_S, create_app
 from shadow.api.client import ShadowClient
 from shadow.api.server import BackgroundServer
 from shadow.core.errors import ShadowError
@@ -189,38 +188,28 @@ def test_narrator_off_writes_nothing(checkpoint: Path, tmp_path: Path, clock: Fa
 
 
 class Events:
-    """A client of the event stream on its own thread: it reads ``expect`` narration events, then
-    goes away (closes its connection)."""
+    """A client of the event stream (``ShadowClient.narrations``) on its own thread: it reads
+    ``expect`` narration events, then goes away (closes its connection)."""
 
-    def __init__(self, url: str, expect: int) -> None:
-        self.url = url
+    def __init__(self, url: str, expect: int, session: str | None = None) -> None:
         self.expect = expect
         self.got: list[dict[str, Any]] = []
         self.subscribed = threading.Event()
-        self.http = httpx.Client(timeout=60.0)
-        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.client = ShadowClient(url)
+        self.thread = threading.Thread(target=self._read, args=(session,), daemon=True)
         self.thread.start()
         assert self.subscribed.wait(30), "the stream never said it subscribed"
 
-    def _read(self) -> None:
-        with contextlib.suppress(httpx.HTTPError), self.http.stream("GET", self.url) as r:
-            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-            event: dict[str, str] = {}
-            for line in r.iter_lines():
-                if line == ": subscribed":
-                    self.subscribed.set()
-                elif line.startswith(("event: ", "data: ", "id: ")):
-                    key, _, value = line.partition(": ")
-                    event[key] = value
-                elif line == "" and event:
-                    self.got.append({"event": event["event"], "id": event["id"], **json.loads(event["data"])})
-                    event = {}
-                    if len(self.got) == self.expect:
-                        return
+    def _read(self, session: str | None) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            for event in self.client.narrations(session, on_open=self.subscribed.set):
+                self.got.append(event)
+                if len(self.got) == self.expect:
+                    return
 
     def join(self) -> None:
         joined(self.thread, "an event stream reader")
-        self.http.close()
+        self.client.close()
 
 
 @pytest.mark.parametrize("front", ["api", "proxy"])
@@ -233,8 +222,8 @@ def test_narration_streams_as_server_sent_events(checkpoint: Path, tmp_path: Pat
     app = create_app(c) if front == "api" else create_proxy_app("http://127.0.0.1:9", c)
     with BackgroundServer(app) as server, ShadowClient(server.url) as host:
         wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load", 60)
-        mine = Events(f"{server.url}{BASE}/narration?session=s", 2)
-        other = Events(f"{server.url}{BASE}/narration?session=other", 1)
+        mine = Events(server.url, 2, "s")
+        other = Events(server.url, 1, "other")
         assert host.status()["narrator"]["subscribers"] == 2
         feed_turn(host, clock, "r0", "s", turns[0])
         feed_turn(host, clock, "o0", "other", turns[0])
@@ -272,7 +261,7 @@ def test_an_open_stream_does_not_hold_the_servers_stop(checkpoint: Path, tmp_pat
     c = make_container(make_settings(checkpoint, tmp_path, grid=GRID, narrator="on"))
     server = BackgroundServer(create_app(c), on_exit=c.service().closing)
     server.start()
-    stream = Events(f"{server.url}{BASE}/narration", 1)
+    stream = Events(server.url, 1)
     t0 = time.monotonic()
     server.stop()
     assert not server.thread.is_alive() and time.monotonic() - t0 < KEEP_ALIVE_S  # no keep-alive needed
