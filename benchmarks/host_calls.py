@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.ab_engine import shape
 from benchmarks.common import environment
 
 
@@ -29,16 +30,11 @@ def main() -> None:
     import torch
 
     from shadow.backends.qwen35.checkpoint import write_checkpoint
-    from shadow.backends.qwen35.config import text_config
     from shadow.container import build_container
     from shadow.core.settings import ShadowSettings
 
     home = Path(tempfile.mkdtemp())
-    tiny = text_config(hidden_size=32, num_hidden_layers=4, intermediate_size=64, num_attention_heads=2,
-                       num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
-                       linear_key_head_dim=16, linear_value_head_dim=16, vocab_size=248320,
-                       tie_word_embeddings=True)
-    write_checkpoint(home / "m", tiny, dtype=torch.float32, seed=0)
+    write_checkpoint(home / "m", shape("tiny"), dtype=torch.float32, seed=0)
     settings = ShadowSettings(_env_file=None, model=str(home / "m"), device="cpu", dtype="float32", grid=512,
                               disk="off", gb=4, dir=str(home), trace="jsonl", trace_file=str(home / "t.jsonl"),
                               ration=0.0)

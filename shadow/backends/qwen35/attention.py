@@ -143,15 +143,17 @@ def fits(n: int, heads: int, kv_heads: int, head_dim: int) -> bool:
     return n >= MIN_ROWS and head_dim == triton.next_power_of_2(head_dim) and head_dim <= 256 and heads % kv_heads == 0
 
 
-def split_len(rows_total: int, kv_heads: int, end: int, bm: int = BM, bn: int = BN, min_split: int = MIN_SPLIT) -> int:
+def split_len(rows_total: int, kv_heads: int, end: int, bm: int = BM, bn: int = BN, min_split: int = MIN_SPLIT,
+              target: int = TARGET_PROGRAMS) -> int:
     """Keys per split, a multiple of ``bn``: a function of the shape and the depth only."""
     blocks = triton.cdiv(rows_total, bm) * kv_heads
-    splits = max(1, min(TARGET_PROGRAMS // blocks, triton.cdiv(end, min_split)))
+    splits = max(1, min(target // blocks, triton.cdiv(end, min_split)))
     return triton.cdiv(triton.cdiv(end, splits), bn) * bn
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
-           bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT) -> None:
+           bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT,
+           target: int = TARGET_PROGRAMS) -> None:
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
     are not read)."""
@@ -160,7 +162,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     g = heads // kv
     end = start + n
     rows_total = n * g
-    step = split_len(rows_total, kv, end, bm, bn, min_split)
+    step = split_len(rows_total, kv, end, bm, bn, min_split, target)
     splits = triton.cdiv(end, step)
     scale = d ** -0.5 * LOG2E
     grid = (triton.cdiv(rows_total, bm), kv, splits)

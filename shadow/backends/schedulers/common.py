@@ -1,15 +1,10 @@
-"""What both schedulers need: sessions' backlogs, and one chunk read with its wall-clock span."""
+"""What both schedulers need: a session's backlog, and one chunk read with its wall-clock span."""
 
 from __future__ import annotations
 
 from shadow.core.errors import UnknownSession
 from shadow.core.scheduling import epoch_ns
 from shadow.core.shadow import ChunkRead, Shadow
-
-
-def backlogs(shadow: Shadow) -> dict[str, int]:
-    """Ids not yet committed, per session (resident or parked)."""
-    return shadow.backlogs()
 
 
 def backlog_of(shadow: Shadow, session: str) -> int:
