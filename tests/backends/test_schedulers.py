@@ -181,8 +181,11 @@ def test_the_ration_spends_at_most_its_share_in_slices_prompt_then_output(checkp
     clock.advance(17.0)  # a long prefill earns nothing
     assert svc.round_ended("r1", ids(8, 2)).chunks == 0  # the first token came with this round
     first = c.activity().turn("r1").first_token_s
-    rounds = 4000  # the simulated decode runs until the ration has read the prompt and some output,
-    out = ids(8 * rounds, 3)  # however fast this machine reads (chunk costs are measured, not simulated)
+    # The simulated decode runs until the ration has read the prompt and some output, however fast
+    # this machine reads (chunk costs are measured, not simulated: a loaded 2-core box reads a chunk
+    # in over 100 ms, and 4,000 rounds earned too little there); the bound only stops a runaway loop.
+    rounds = 40_000
+    out = ids(8 * rounds, 3)
     for k in range(rounds):
         clock.advance(0.05)
         r = svc.round_ended("r1", out[8 * k: 8 * k + 8])
