@@ -27,6 +27,8 @@ def grid_line_at_or_below(position: int, grid: int) -> int:
 def first_difference(a: list[int], b: list[int]) -> int:
     """The first index where ``a`` and ``b`` differ, or the shorter length when one is a prefix."""
     n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case on a request's path, in one C-speed compare
+        return n
     block = 4096
     start = 0
     while start < n and a[start:start + block] == b[start:start + block]:  # C-speed compare per block

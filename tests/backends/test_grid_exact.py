@@ -178,6 +178,10 @@ def test_fork_decode_leaves_state(checkpoints):
     (lambda sh: sh.ask("s", "q", [chr(65 + i % 26) + str(i) for i in range(27)]), BadInput, "at most 26"),
     (lambda sh: sh.ask("s", "q", ["A", "not one token at all"]), BadInput, "is not one token"),
     (lambda sh: sh.feed_prompt("s", [1, VOCAB]), BadInput, "prompt[1]"),
+    # past the ids the session holds (only those are checked again), counted from the prompt's start
+    (lambda sh: sh.feed_prompt("s", [*range(100, 250), VOCAB]), BadInput, f"prompt[150] = {VOCAB}"),
+    (lambda sh: sh.feed_prompt("s", [*range(100, 250), 7, "x"]), BadInput, "prompt[151] = 'x'"),
+    (lambda sh: sh.feed_prompt("s", [*range(100, 200), -3]), BadInput, "prompt[100] = -3"),
     (lambda sh: sh.feed_output("s", [-1]), BadInput, "output[0]"),
     (lambda sh: sh.feed_prompt("s", []), BadInput, "empty prompt"),
     (lambda sh: sh.feed_output("other", [1]), UnknownSession, "unknown session 'other'"),
