@@ -5,6 +5,7 @@ The CUDA graphs themselves are exercised by the GPU tests (tests/backends/test_g
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -113,6 +114,18 @@ def test_gates_and_gated_norm():
     _close(g[:6], want_g[:6], 1e-5)
     _close(beta[:6], torch.sigmoid(proj[:6, b_off:b_off + hv]), 1e-2)
     assert not g[6:].any() and not beta[6:].any()  # padding: no decay, no write
+
+    # fla's form: summed within 64-row chunks, in log2 units, padding rows adding nothing
+    rows = 150
+    long = _randn(rows, off + hv * dv + 2 * hv + 3, seed=17)
+    sums = torch.full((rows, hv), float("nan"), device=DEV)
+    kernels.gates(long, b_off, a_off, neg_a, dt_bias, torch.tensor([140], dtype=torch.int32, device=DEV), sums,
+                  torch.empty(rows, hv, dtype=long.dtype, device=DEV), chunk_sums=True)
+    raw = neg_a * F.softplus(long[:, a_off:a_off + hv].float() + dt_bias)
+    raw[140:] = 0
+    want = torch.cat([c.cumsum(0) for c in raw.split(kernels.FLA_CHUNK)]) / math.log(2)
+    _close(sums, want, 1e-5)
+    assert torch.equal(sums[140:], sums[139:140].expand(10, hv))  # flat over the padding
 
     o, w = _randn(n, hv, dv, seed=15), _randn(dv, seed=16)
     out = torch.full((n, hv * dv), float("nan"), dtype=o.dtype, device=DEV)

@@ -51,6 +51,25 @@ def test_fla_path_same_inputs_same_bits():
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.parametrize(("length", "hv"), [(32, 16), (512, 16), (1000, 32)])
+def test_fla_below_its_wrapper_gives_the_wrappers_bits(length, hv):
+    """The fast path's call below fla's wrapper (state moved on in place, a solve buffer reused
+    across calls) against the wrapper, fed the same chunk sums: the same bits, call after call."""
+    from fla.ops.utils import chunk_local_cumsum
+
+    from shadow.backends.qwen35 import gdn_fla
+
+    solve = torch.zeros(1, length, hv, 64, dtype=torch.bfloat16, device="cuda")
+    for seed in (length, length + 1):  # the second call finds the buffer as the first left it
+        q, k, v, g, beta, s0 = _inputs(length, 16, hv, seed=seed)
+        q, k = (torch.nn.functional.normalize(x.float(), dim=-1).bfloat16() for x in (q, k))
+        o_want, s_want = gdn_fla.gated_delta_rule(q, k, v, g, beta, s0, normalized=True)
+        sums = chunk_local_cumsum(g[None], chunk_size=64, scale=1.4426950408889634)[0]
+        state = s0.clone()
+        o = gdn_fla.chunk_rule_in_place(q, k, v, sums, beta, state, solve)
+        assert torch.equal(o, o_want) and torch.equal(state, s_want)
+
+
 def test_replay_on_cuda_equals_fresh_prefill(tmp_path):
     ckpt = write_checkpoint(tmp_path / "m", demo_text_config(), dtype=torch.bfloat16)
     sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device="cuda", dtype="bfloat16",

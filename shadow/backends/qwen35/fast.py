@@ -96,6 +96,8 @@ class _Rows:
     # stay allocated so that no later capture reuses their memory
     qkv: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     logits: torch.Tensor | None = None
+    # fla's solve buffer for this row count, zeroed once (see ``gdn_fla.chunk_rule_in_place``)
+    solve: torch.Tensor | None = None
     graphs: list[Any] = field(default_factory=list)  # one per piece, then the logits graph
 
 
@@ -207,6 +209,11 @@ class FastForward:
     def _size_for(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
 
+    def _chunked(self, n: int) -> bool:
+        """Whether ``n`` rows take fla's chunked kernels (else its recurrent step, or without fla
+        the torch form): a decode step's few rows cost more in the chunked form's launches."""
+        return self._fla is not None and n >= 16
+
     def _rows_for(self, n: int) -> _Rows:
         rows = self.rows.get(n)
         if rows is None:
@@ -214,6 +221,9 @@ class FastForward:
             rows = _Rows(n=n, ids=torch.zeros(n, dtype=torch.long, device=self.device),
                          attn=torch.zeros(n, cfg.num_attention_heads, cfg.head_dim, device=self.device,
                                           dtype=self.model.dtype))
+            if self._chunked(n):
+                rows.solve = torch.zeros(1, n, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=self.device,
+                                         dtype=self.model.dtype)
             self.rows[n] = rows
         return rows
 
@@ -247,15 +257,19 @@ class FastForward:
         g = torch.empty(n, hv, device=x.device, dtype=torch.float32)
         beta = torch.empty(n, hv, device=x.device, dtype=x.dtype)
         z_off = cfg.conv_dim
-        kernels.gates(proj, z_off + vd, z_off + vd + hv, lw.neg_a, lw.dt_bias, self.valid, g, beta)
+        chunked = self._chunked(n)
+        kernels.gates(proj, z_off + vd, z_off + vd + hv, lw.neg_a, lw.dt_bias, self.valid, g, beta,
+                      chunk_sums=chunked)
         state = self.rec[lw.index]
-        if self._fla is None:
-            o, new = gated_delta_rule_chunked(q, k, v, g, beta, state, normalized=True)
-        elif n < 16:
-            o, new = self._fla.recurrent_step(q, k, v, g, beta, state, normalized=True)
+        if chunked:
+            assert r.solve is not None
+            o = self._fla.chunk_rule_in_place(q, k, v, g, beta, state, r.solve)
         else:
-            o, new = self._fla.gated_delta_rule(q, k, v, g, beta, state, normalized=True)
-        state.copy_(new)
+            if self._fla is None:
+                o, new = gated_delta_rule_chunked(q, k, v, g, beta, state, normalized=True)
+            else:
+                o, new = self._fla.recurrent_step(q, k, v, g, beta, state, normalized=True)
+            state.copy_(new)
         y = torch.empty(n, vd, device=x.device, dtype=x.dtype)
         kernels.gated_norm(o.contiguous(), proj, z_off, lw.norm, self.eps, y)
         r.delta = F.linear(y, lw.out)

@@ -115,3 +115,41 @@ def recurrent_step(
         output_final_state=True, use_qk_l2norm_in_kernel=not normalized,
     )
     return o[0], s[0]
+
+
+def chunk_rule_in_place(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_sums: torch.Tensor, beta: torch.Tensor,
+    state: torch.Tensor, a_work: torch.Tensor,
+) -> torch.Tensor:
+    """What ``gated_delta_rule(..., normalized=True)`` computes, from fla's kernels called below its
+    wrapper, so that a captured pass runs no fills and no copies: ``state`` [HV, K, V] fp32 is
+    moved on in place (fla's state kernel reads each block of the initial state before it writes
+    the same block of the final one, and no two programs share a block); ``g_sums`` arrives as the
+    gate summed within 64-row chunks in log2 units (``kernels.gates(chunk_sums=True)``);
+    ``a_work`` [1, T, HV, 64] is this row count's solve buffer, zeroed once when made: the solve
+    writes the same lower blocks on every call and the rest must stay zero. Returns o [T, HV, V].
+    Tied to the fla version the ``gpu`` extra pins; the GPU tests compare it with the wrapper."""
+    import triton
+    from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64 as state_kernel
+    from fla.ops.common.chunk_o import chunk_fwd_o
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_kkt_solve_kernel as solve_kernel
+    from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd
+
+    k1, v1, g1, b1, s1 = k[None], v[None], g_sums[None], beta[None], state[None]
+    _, t, h, dk = k1.shape
+    hv, dv = v1.shape[2], v1.shape[3]
+    chunk = a_work.shape[-1]
+    nt = triton.cdiv(t, chunk)
+    solve_kernel[(nt, hv)](k=k1, g=g1, beta=b1, A=a_work, cu_seqlens=None, chunk_indices=None, T=t, H=h,
+                           HV=hv, K=dk, BT=chunk, BC=16)
+    w, u = recompute_w_u_fwd(k=k1, v=v1, beta=b1, A=a_work, g=g1)
+    hs = k1.new_empty(1, nt, hv, dk, dv)
+    v_new = torch.empty_like(u)
+
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        return (triton.cdiv(dv, meta["BV"]) * hv,)
+
+    state_kernel[grid](k=k1, v=u, w=w, v_new=v_new, g=g1, gk=None, h=hs, h0=s1, ht=s1, cu_seqlens=None,
+                       chunk_offsets=None, T=t, H=h, HV=hv, K=dk, V=dv, BT=chunk, STATE_V_FIRST=False)
+    o: torch.Tensor = chunk_fwd_o(q=q[None], k=k1, v=v_new, h=hs, g=g1, scale=dk ** -0.5, chunk_size=chunk)
+    return o[0]

@@ -154,70 +154,83 @@ def output_gate(attn: torch.Tensor, proj: torch.Tensor, out: torch.Tensor) -> No
 
 
 @triton.jit
-def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, n, C, KD, stride_proj,
-                      KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, HEAD: tl.constexpr):
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    c = tl.program_id(1) * HEAD + tl.arange(0, HEAD)  # one head's channels
-    mt = t < n
-    mask = mt[:, None] & (c < C)[None, :]
-    acc = tl.zeros((BLOCK_T, HEAD), dtype=tl.float32)
-    for j in tl.static_range(KERNEL):
-        # output t reads column t+1+j of [state (KERNEL columns) | new rows]
-        # Two masked loads, not one load through a pointer picked per element: each stays a
-        # contiguous (vectorised) load along the channels. Picking the pointer tripled the time.
-        col = (t + 1 + j)[:, None]
-        held = col < KERNEL
-        xs = tl.load(state_ptr + c[None, :] * KERNEL + col, mask=mask & held, other=0.0)
-        xn = tl.load(proj_ptr + (col - KERNEL) * stride_proj + c[None, :], mask=mask & (col >= KERNEL), other=0.0)
-        w = tl.load(w_ptr + c * KERNEL + j).to(tl.float32)
-        acc += (xs.to(tl.float32) + xn.to(tl.float32)) * w[None, :]
-    y = acc * tl.sigmoid(acc)
-    region = tl.program_id(1) * HEAD // KD  # 0 q, 1 k, 2 and above v
-    if region < 2:  # q and k leave l2-normalised per head, as the rule wants them (fla's l2norm, eps 1e-6)
-        y = y * tl.rsqrt(tl.sum(y * y, axis=1)[:, None] + 1e-6)
-    # out is [q (n*KD) | k (n*KD) | v (n*VD)], each block contiguous by rows, as fla wants them
-    region = tl.minimum(region, 2)
-    width = tl.where(region == 2, C - 2 * KD, KD)
-    offset = region * n * KD + (c - region * KD)
-    tl.store(out_ptr + offset[None, :] + t[:, None] * width, y.to(out_ptr.dtype.element_ty), mask=mask)
+def _held_or_new(proj_ptr, state_ptr, c, mc, r, stride_proj, KERNEL: tl.constexpr):
+    """Row ``r`` of [held columns | new rows] as fp32 over channels ``c``: held column ``r + KERNEL``
+    of the state when ``r < 0``, else new row ``r``. Two masked loads, each contiguous."""
+    held = tl.load(state_ptr + c * KERNEL + (r + KERNEL), mask=mc & (r < 0), other=0.0)
+    new = tl.load(proj_ptr + r * stride_proj + c, mask=mc & (r >= 0), other=0.0)
+    return held.to(tl.float32) + new.to(tl.float32)
 
 
 @triton.jit
-def _conv_state_kernel(proj_ptr, state_ptr, valid_ptr, C, stride_proj, KERNEL: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
-    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    j = tl.arange(0, KERNEL)
+def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, C, KD, stride_proj,
+                      KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, HEAD: tl.constexpr):
+    # One program: one head's channels over BLOCK_T rows, walked in order with the last KERNEL - 1
+    # rows held in registers, so each row is loaded once (the unrolled loads do not depend on one
+    # another and issue together).
+    tl.static_assert(KERNEL == 4)
+    t0 = tl.program_id(0) * BLOCK_T
+    c = tl.program_id(1) * HEAD + tl.arange(0, HEAD)
     mc = c < C
-    valid = tl.load(valid_ptr)
-    col = valid + j  # the new state is columns [valid, valid + KERNEL) of [state | new rows]
-    from_state = col < KERNEL
-    xs = tl.load(state_ptr + c[:, None] * KERNEL + col[None, :], mask=mc[:, None] & from_state[None, :], other=0.0)
-    xn = tl.load(proj_ptr + (col - KERNEL)[None, :] * stride_proj + c[:, None],
-                 mask=mc[:, None] & (~from_state)[None, :], other=0.0)
-    new = tl.where(from_state[None, :], xs, xn)
-    tl.debug_barrier()  # every old column is read before any is overwritten
-    tl.store(state_ptr + c[:, None] * KERNEL + j[None, :], new, mask=mc[:, None])
+    w0 = tl.load(w_ptr + c * KERNEL + 0, mask=mc, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + c * KERNEL + 1, mask=mc, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + c * KERNEL + 2, mask=mc, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + c * KERNEL + 3, mask=mc, other=0.0).to(tl.float32)
+    xa = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 3, stride_proj, KERNEL)
+    xb = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 2, stride_proj, KERNEL)
+    xc = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 1, stride_proj, KERNEL)
+    region = tl.program_id(1) * HEAD // KD  # 0 q, 1 k, 2 and above v
+    # out is [q (n*KD) | k (n*KD) | v (n*VD)], each block contiguous by rows, as fla wants them
+    width = tl.where(region >= 2, C - 2 * KD, KD)
+    base = out_ptr + tl.minimum(region, 2) * n * KD + (c - tl.minimum(region, 2) * KD)
+    for i in tl.static_range(BLOCK_T):
+        t = t0 + i
+        xd = tl.load(proj_ptr + t * stride_proj + c, mask=mc & (t < n), other=0.0).to(tl.float32)
+        acc = xa * w0 + xb * w1 + xc * w2 + xd * w3
+        y = acc * tl.sigmoid(acc)
+        if region < 2:  # q and k leave l2-normalised per head, as the rule wants them (fla's l2norm, eps 1e-6)
+            y = y * tl.rsqrt(tl.sum(y * y, axis=0) + 1e-6)
+        tl.store(base + t * width, y.to(out_ptr.dtype.element_ty), mask=mc & (t < n))
+        xa, xb, xc = xb, xc, xd
+    if tl.program_id(0) == 0:
+        # The state moves on here, in the one program that read it: the new held columns are
+        # columns [valid, valid + KERNEL) of [state | new rows]; all read before any is written.
+        valid = tl.load(valid_ptr)
+        n0 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 4, stride_proj, KERNEL)
+        n1 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 3, stride_proj, KERNEL)
+        n2 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 2, stride_proj, KERNEL)
+        n3 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 1, stride_proj, KERNEL)
+        tl.debug_barrier()
+        dt = state_ptr.dtype.element_ty
+        tl.store(state_ptr + c * KERNEL + 0, n0.to(dt), mask=mc)
+        tl.store(state_ptr + c * KERNEL + 1, n1.to(dt), mask=mc)
+        tl.store(state_ptr + c * KERNEL + 2, n2.to(dt), mask=mc)
+        tl.store(state_ptr + c * KERNEL + 3, n3.to(dt), mask=mc)
 
 
 def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, head: int,
-              valid: torch.Tensor, out: torch.Tensor, block_t: int = 16, warps: int = 4) -> None:
+              valid: torch.Tensor, out: torch.Tensor, block_t: int = 16, warps: int = 1) -> None:
     """The depthwise causal conv and SiLU over ``proj[:, :C]`` after the held columns ``state``
     [C, kernel]; writes [q | k | v] blocks into ``out`` (q and k l2-normalised per ``head``
-    channels) and then moves ``state`` on by ``valid`` rows."""
+    channels) and moves ``state`` on by ``valid`` rows, in one launch."""
     c, kernel = state.shape
     n = proj.shape[0]
+    if kernel != 4:
+        raise ValueError(f"the fused conv is written for a kernel of 4 columns, the model has {kernel}")
     if key_dim % head or (c - 2 * key_dim) % head:
         raise ValueError(f"conv channels ({key_dim}, {c - 2 * key_dim}) are not whole heads of {head}")
     _conv_silu_kernel[(triton.cdiv(n, block_t), c // head)](
-        proj, state, weight, out, n, c, key_dim, proj.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head,
+        proj, state, weight, out, valid, n, c, key_dim, proj.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head,
         num_warps=warps)
-    _conv_state_kernel[(triton.cdiv(c, 128),)](proj, state, valid, c, proj.stride(0), KERNEL=kernel,
-                                               BLOCK_C=128, num_warps=4)
+
+
+# fla's chunked GDN kernels take the gate as a running sum within each 64-row chunk, in log2 units
+FLA_CHUNK = 64
 
 
 @triton.jit
 def _gates_kernel(proj_ptr, neg_a_ptr, dt_bias_ptr, valid_ptr, g_ptr, beta_ptr, R, stride_proj, b_off, a_off, HV,
-                  ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                  ROWS: tl.constexpr, BLOCK: tl.constexpr, CUMSUM: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     h = tl.arange(0, BLOCK)[None, :]
     m = (row < R) & (h < HV)
@@ -228,16 +241,23 @@ def _gates_kernel(proj_ptr, neg_a_ptr, dt_bias_ptr, valid_ptr, g_ptr, beta_ptr, 
     softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
     g = tl.load(neg_a_ptr + h, mask=h < HV, other=0.0) * softplus
     # padding rows: no decay and no write, so the state passes them unchanged
-    tl.store(g_ptr + row * HV + h, tl.where(keep, g, 0.0), mask=m)
+    g = tl.where(keep & m, g, 0.0)
+    if CUMSUM:  # the program's rows are one chunk: the running sum fla's kernels want, in log2 units
+        g = tl.cumsum(g, axis=0) * 1.4426950408889634
+    tl.store(g_ptr + row * HV + h, g, mask=m)
     tl.store(beta_ptr + row * HV + h, tl.where(keep, tl.sigmoid(b), 0.0).to(beta_ptr.dtype.element_ty), mask=m)
 
 
 def gates(proj: torch.Tensor, b_off: int, a_off: int, neg_a: torch.Tensor, dt_bias: torch.Tensor,
-          valid: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
-    """``g = -exp(A_log) * softplus(a + dt_bias)`` (fp32) and ``beta = sigmoid(b)``, per row and value head."""
+          valid: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, chunk_sums: bool = False) -> None:
+    """``g = -exp(A_log) * softplus(a + dt_bias)`` (fp32) and ``beta = sigmoid(b)``, per row and value head.
+    ``chunk_sums``: g leaves as fla's chunked kernels take it, summed within each ``FLA_CHUNK`` rows
+    and times 1/ln 2 (what fla's own cumsum launch would do, here in the same launch)."""
     rows, hv = g.shape
-    _gates_kernel[(triton.cdiv(rows, 16),)](proj, neg_a, dt_bias, valid, g, beta, rows, proj.stride(0), b_off,
-                                            a_off, hv, ROWS=16, BLOCK=_pow2(hv), num_warps=1)
+    per = FLA_CHUNK if chunk_sums else 16
+    _gates_kernel[(triton.cdiv(rows, per),)](proj, neg_a, dt_bias, valid, g, beta, rows, proj.stride(0), b_off,
+                                             a_off, hv, ROWS=per, BLOCK=_pow2(hv), CUMSUM=chunk_sums,
+                                             num_warps=1 if not chunk_sums else 2)
 
 
 @triton.jit
