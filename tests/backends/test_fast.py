@@ -92,7 +92,7 @@ def test_conv_silu_and_its_state(n, valid):
     out = torch.full((n * c,), float("nan"), dtype=proj.dtype, device=DEV)
     held = state.clone()
     head = 16
-    kernels.conv_silu(proj, state, weight, kd, head, torch.tensor([valid], dtype=torch.int32, device=DEV), out)
+    kernels.conv_silu(proj, state, weight, kd, head, torch.tensor([valid], dtype=torch.long, device=DEV), out)
     cols = torch.cat((held, proj[:, :c].t()), dim=1)
     want = F.silu(F.conv1d(cols[None].float(), weight.float()[:, None, :], groups=c)[0, :, 1:]).t()
     qk = want[:, :2 * kd].reshape(n, -1, head)  # q and k leave l2-normalised per head (gdn._l2norm)
@@ -109,7 +109,7 @@ def test_gates_and_gated_norm():
     g = torch.full((n, hv), float("nan"), device=DEV)
     beta = torch.full((n, hv), float("nan"), dtype=proj.dtype, device=DEV)
     b_off, a_off = off + hv * dv, off + hv * dv + hv
-    kernels.gates(proj, b_off, a_off, neg_a, dt_bias, torch.tensor([6], dtype=torch.int32, device=DEV), g, beta)
+    kernels.gates(proj, b_off, a_off, neg_a, dt_bias, torch.tensor([6], dtype=torch.long, device=DEV), g, beta)
     want_g = neg_a * F.softplus(proj[:, a_off:a_off + hv].float() + dt_bias)
     _close(g[:6], want_g[:6], 1e-5)
     _close(beta[:6], torch.sigmoid(proj[:6, b_off:b_off + hv]), 1e-2)
@@ -119,7 +119,7 @@ def test_gates_and_gated_norm():
     rows = 150
     long = _randn(rows, off + hv * dv + 2 * hv + 3, seed=17)
     sums = torch.full((rows, hv), float("nan"), device=DEV)
-    kernels.gates(long, b_off, a_off, neg_a, dt_bias, torch.tensor([140], dtype=torch.int32, device=DEV), sums,
+    kernels.gates(long, b_off, a_off, neg_a, dt_bias, torch.tensor([140], dtype=torch.long, device=DEV), sums,
                   torch.empty(rows, hv, dtype=long.dtype, device=DEV), chunk_sums=True)
     raw = neg_a * F.softplus(long[:, a_off:a_off + hv].float() + dt_bias)
     raw[140:] = 0

@@ -79,6 +79,11 @@ class _FullW:
     down: torch.Tensor
 
 
+# Host staging slots per row count: the host may queue this many passes (a fork's decode) before it
+# waits for the oldest one's inputs to have reached the device.
+STAGING_SLOTS = 4
+
+
 @dataclass(eq=False)
 class _Rows:
     """One row count's static inputs, the tensors that cross from a piece to the eager attention
@@ -86,8 +91,13 @@ class _Rows:
     on every replay."""
 
     n: int
-    ids: torch.Tensor
+    # [ids (n) | start | valid]: a pass's inputs, one copy from the host. start is the position of
+    # row 0; valid the number of real rows (those above are padding that leaves the state alone).
+    io: torch.Tensor
     attn: torch.Tensor  # attention output, written eagerly, read by the next piece
+    staging: list[torch.Tensor] = field(default_factory=list)  # pinned host copies of io, used in turn
+    staged: list[Any] = field(default_factory=list)  # per slot: the event after its last copy, or None
+    turn: int = 0
     h: torch.Tensor | None = None
     delta: torch.Tensor | None = None
     proj: torch.Tensor | None = None
@@ -99,6 +109,47 @@ class _Rows:
     # fla's solve buffer for this row count, zeroed once (see ``gdn_fla.chunk_rule_in_place``)
     solve: torch.Tensor | None = None
     graphs: list[Any] = field(default_factory=list)  # one per piece, then the logits graph
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.io[:self.n]
+
+    @property
+    def start(self) -> torch.Tensor:
+        return self.io[self.n:self.n + 1]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.io[self.n + 1:]
+
+    def stage(self, ids: torch.Tensor, start: int, valid: int) -> None:
+        """Queue the copy of a pass's inputs to ``io``: one copy from pinned memory (ids already on
+        the device, a decode step's argmax, are copied there apart). A slot is written only once
+        the device has taken its previous contents."""
+        n = self.n
+        if not self.staging:  # off CUDA: the copy is synchronous
+            self.io[:n].copy_(ids)
+            self.io[n] = start
+            self.io[n + 1] = valid
+            return
+        slot = self.turn % len(self.staging)
+        self.turn += 1
+        done = self.staged[slot]
+        if done is not None:
+            done.synchronize()
+        host = self.staging[slot]
+        view = host.numpy()
+        view[n] = start
+        view[n + 1] = valid
+        if ids.is_cuda:
+            self.io[:n].copy_(ids)
+            self.io[n:].copy_(host[n:], non_blocking=True)
+        else:
+            view[:n] = ids.numpy()
+            self.io.copy_(host, non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        self.staged[slot] = event
 
 
 def _stacked(views: list[torch.Tensor]) -> torch.Tensor | None:
@@ -162,8 +213,6 @@ class FastForward:
         self.read_stops_early = isinstance(self.layers[-1], _FullW)
 
         dev = self.device
-        self.start = torch.zeros(1, dtype=torch.long, device=dev)
-        self.valid = torch.zeros(1, dtype=torch.int32, device=dev)
         fresh = ModelState.empty(cfg, dev, model.dtype)  # stacked: one tensor per kind, one view per layer
         self.conv, self.rec = fresh.conv, fresh.recurrent
         conv_all, rec_all = _stacked(self.conv), _stacked(self.rec)
@@ -218,9 +267,12 @@ class FastForward:
         rows = self.rows.get(n)
         if rows is None:
             cfg = self.cfg
-            rows = _Rows(n=n, ids=torch.zeros(n, dtype=torch.long, device=self.device),
+            rows = _Rows(n=n, io=torch.zeros(n + 2, dtype=torch.long, device=self.device),
                          attn=torch.zeros(n, cfg.num_attention_heads, cfg.head_dim, device=self.device,
                                           dtype=self.model.dtype))
+            if self.device.type == "cuda":
+                rows.staging = [torch.empty(n + 2, dtype=torch.long, pin_memory=True) for _ in range(STAGING_SLOTS)]
+                rows.staged = [None] * STAGING_SLOTS
             if self._chunked(n):
                 rows.solve = torch.zeros(1, n, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=self.device,
                                          dtype=self.model.dtype)
@@ -250,7 +302,7 @@ class FastForward:
         proj = F.linear(x, lw.w_in)  # [n, conv_dim + value_dim + 2 value heads]
         kd, vd, hv = cfg.key_dim, cfg.value_dim, cfg.linear_num_value_heads
         mixed = torch.empty(n * cfg.conv_dim, device=x.device, dtype=x.dtype)
-        kernels.conv_silu(proj, self.conv[lw.index], lw.conv, kd, cfg.linear_key_head_dim, self.valid, mixed)
+        kernels.conv_silu(proj, self.conv[lw.index], lw.conv, kd, cfg.linear_key_head_dim, r.valid, mixed)
         q = mixed[:n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         k = mixed[n * kd:2 * n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = mixed[2 * n * kd:].view(n, hv, cfg.linear_value_head_dim)
@@ -258,7 +310,7 @@ class FastForward:
         beta = torch.empty(n, hv, device=x.device, dtype=x.dtype)
         z_off = cfg.conv_dim
         chunked = self._chunked(n)
-        kernels.gates(proj, z_off + vd, z_off + vd + hv, lw.neg_a, lw.dt_bias, self.valid, g, beta,
+        kernels.gates(proj, z_off + vd, z_off + vd + hv, lw.neg_a, lw.dt_bias, r.valid, g, beta,
                       chunk_sums=chunked)
         state = self.rec[lw.index]
         if chunked:
@@ -299,12 +351,12 @@ class FastForward:
             q = torch.empty(r.n, cfg.num_attention_heads, hd, device=x.device, dtype=x.dtype)
             k = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
             v = torch.empty(r.n, kvh, hd, device=x.device, dtype=x.dtype)
-            kernels.qk_norm_rope(r.proj, lw.q_norm, lw.k_norm, self.model._inv_freq, self.start, self.eps, q, k, v)
+            kernels.qk_norm_rope(r.proj, lw.q_norm, lw.k_norm, self.model._inv_freq, r.start, self.eps, q, k, v)
             r.qkv[lw.index] = (q, k, v)
 
     def _logits(self, r: _Rows) -> None:
         assert r.h is not None and r.delta is not None
-        last = (self.valid.long() - 1)
+        last = r.valid - 1
         h = r.h.index_select(0, last)
         x = torch.empty_like(h)
         kernels.rms_norm(h, self.final_norm, self.eps, x, add=r.delta.index_select(0, last))
@@ -348,9 +400,7 @@ class FastForward:
         r = self._rows_for(ids.shape[0])
         start = state.length
         state.reserve(start + r.n)
-        r.ids.copy_(ids, non_blocking=True)
-        self.start.fill_(start)
-        self.valid.fill_(real)
+        r.stage(ids, start, real)
         stop_early = not logits and self.read_stops_early
         for j in range(self.n_attn):
             self._run(r, j)
@@ -408,12 +458,12 @@ class FastForward:
         torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved(self.device)
         self.pool = torch.cuda.graph_pool_handle()
-        self.valid.fill_(1)
         stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(self.device))
         # largest first, so the smaller ones fit in what it leaves (the pool is shared)
         for n in sorted(self.sizes, reverse=True):
             r = self._rows_for(n)
+            r.valid.fill_(1)  # the capture's runs write scratch rows only
             with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
                 for j in range(self.n_attn + 2):
                     self._run(r, j)
@@ -433,7 +483,7 @@ class FastForward:
     def report(self) -> dict[str, Any]:
         """What the fast path holds beside the sessions, shared by all of them."""
         static = sum(t.numel() * t.element_size() for t in (*self.conv, *self.rec))
-        static += sum(r.ids.numel() * 8 + r.attn.numel() * r.attn.element_size() for r in self.rows.values())
+        static += sum(r.io.numel() * 8 + r.attn.numel() * r.attn.element_size() for r in self.rows.values())
         merged = sum(t.numel() * t.element_size() for lw in self.layers
                      for t in (lw.w_in, lw.gate_up))
         out: dict[str, Any] = {"graphs": self.use_graphs, "sizes": list(self.sizes), "capture_s": self.capture_s,

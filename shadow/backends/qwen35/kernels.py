@@ -209,7 +209,7 @@ def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, C, KD, 
 
 
 def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, head: int,
-              valid: torch.Tensor, out: torch.Tensor, block_t: int = 16, warps: int = 1) -> None:
+              valid: torch.Tensor, out: torch.Tensor, block_t: int = 8, warps: int = 1) -> None:
     """The depthwise causal conv and SiLU over ``proj[:, :C]`` after the held columns ``state``
     [C, kernel]; writes [q | k | v] blocks into ``out`` (q and k l2-normalised per ``head``
     channels) and moves ``state`` on by ``valid`` rows, in one launch."""
