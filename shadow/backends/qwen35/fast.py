@@ -32,6 +32,7 @@ interpreter, and GDN through the torch form.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -453,28 +454,37 @@ class FastForward:
         if not self.use_graphs or self.pool is not None:
             return self.capture_s
         t0 = time.perf_counter()
-        # Capture empties the allocator's cache on entry: empty it first, so that the difference
-        # below is what the capture added, not what it freed.
-        torch.cuda.empty_cache()
-        reserved_before = torch.cuda.memory_reserved(self.device)
-        self.pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        # largest first, so the smaller ones fit in what it leaves (the pool is shared)
-        for n in sorted(self.sizes, reverse=True):
-            r = self._rows_for(n)
-            r.valid.fill_(1)  # the capture's runs write scratch rows only
-            with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
+        # Python's collector must not run during a capture: freeing another instance's graphs or
+        # events is a CUDA call that a capture forbids (it invalidates the capture). Collect first.
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            # Capture empties the allocator's cache on entry: empty it first, so that the difference
+            # below is what the capture added, not what it freed.
+            torch.cuda.empty_cache()
+            reserved_before = torch.cuda.memory_reserved(self.device)
+            self.pool = torch.cuda.graph_pool_handle()
+            stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            # largest first, so the smaller ones fit in what it leaves (the pool is shared)
+            for n in sorted(self.sizes, reverse=True):
+                r = self._rows_for(n)
+                r.valid.fill_(1)  # the capture's runs write scratch rows only
+                with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
+                    for j in range(self.n_attn + 2):
+                        self._run(r, j)
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                graphs = []
                 for j in range(self.n_attn + 2):
-                    self._run(r, j)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graphs = []
-            for j in range(self.n_attn + 2):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.pool, stream=stream):
-                    self._run(r, j)
-                graphs.append(g)
-            r.graphs = graphs
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=self.pool, stream=stream):
+                        self._run(r, j)
+                    graphs.append(g)
+                r.graphs = graphs
+        finally:
+            if collecting:
+                gc.enable()
         torch.cuda.synchronize(self.device)
         self.capture_s = time.perf_counter() - t0
         self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved_before
