@@ -5,7 +5,8 @@ measured cost of each chunk, device synchronised): per window (``idle``, ``ratio
 session, and per request for the ration (its chunks carry ``shadow.request.id``; the idle
 window's belong to no request). ``ration_share`` relates a request's ration to its decode time,
 which the host knows and the spans do not. Questions (``shadow.ask``) are summed apart: they run
-on the caller's thread, not in either window.
+on the caller's thread, not in either window. Each finished request's ``shadow.turn`` span gives the
+time its host spent inside the shadow's calls during its decode (``host_by_request_ms``).
 
     python -m benchmarks.spans ~/.qwen38-spark-engine/shadow/traces.jsonl
 """
@@ -32,6 +33,7 @@ class SpanCosts:
     by_session_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     by_request_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # ration only
     slices: int = 0  # ration slices (``shadow.ration``), read or not
+    host_by_request_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # shadow.turn
     asks: int = 0
     ask_ms: float = 0.0
 
@@ -50,7 +52,8 @@ class SpanCosts:
                 "slices": self.slices,
                 "by_session_ms": {k: round(v, 3) for k, v in self.by_session_ms.items()},
                 "by_request_ms": {k: round(v, 3) for k, v in self.by_request_ms.items()},
-                "asks": self.asks, "ask_ms": round(self.ask_ms, 3)}
+                "asks": self.asks, "ask_ms": round(self.ask_ms, 3),
+                "host_by_request_ms": {k: round(v, 3) for k, v in self.host_by_request_ms.items()}}
 
 
 def costs_of(spans: Iterable[Mapping[str, Any]]) -> SpanCosts:
@@ -75,6 +78,8 @@ def costs_of(spans: Iterable[Mapping[str, Any]]) -> SpanCosts:
                 out.by_request_ms[rid] += ms
         elif s["name"] == "shadow.ration":
             out.slices += 1
+        elif s["name"] == "shadow.turn":
+            out.host_by_request_ms[a["shadow.request.id"]] += float(a["shadow.turn.host_ms"])
         elif s["name"] == "shadow.ask" and "shadow.ask.latency_ms" in a:
             out.asks += 1
             out.ask_ms += float(a["shadow.ask.latency_ms"])

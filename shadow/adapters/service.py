@@ -295,6 +295,7 @@ class ShadowService:
     def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
         """Between two decode rounds: feed the round's output ids, then the narrator's slice, then
         read within the ration."""
+        entered = time.perf_counter()
         turn = self.activity.turn(request_id)
         session = turn.session
         if session is None or turn.started_s is None:
@@ -311,6 +312,7 @@ class ShadowService:
         shadow = self._live
         held, committed = self._counts(shadow, session) if shadow is not None else (0, 0)
         backlog = held - committed
+        turn.host_s += time.perf_counter() - entered
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, backlog)
 
@@ -322,13 +324,25 @@ class ShadowService:
         return self.profiles.get(profile).follows
 
     def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
+        """The request ended. Its account goes out as a ``shadow.turn`` span: the time its host
+        spent inside the shadow's calls during the decode, so that a trace alone tells what the
+        shadow cost a host that waits on its calls (an overlapped host pays only the chunks)."""
+        entered = time.perf_counter()
         turn = self.activity.turn(request_id)
         fed = None
         if ids and turn.session is not None and self._follows(turn.session):
             fed = self.feed_output(turn.session, ids)
         if turn.session is not None:  # before the turn ends: the idle window stays shut meanwhile
             self._narrate(turn, fed, ids, final=True)
-        return self.activity.record_finished(request_id, len(ids))
+        done = self.activity.record_finished(request_id, len(ids))
+        done.host_s += time.perf_counter() - entered
+        if done.session is not None and done.first_token_s is not None:
+            with self.telemetry.span("shadow.turn", {
+                    "gen_ai.conversation.id": done.session, "shadow.request.id": request_id,
+                    "shadow.turn.host_ms": done.host_s * 1e3, "shadow.turn.rounds": done.rounds,
+                    "shadow.turn.ration_ms": done.spent_s * 1e3, "shadow.turn.chunks": done.chunks}):
+                pass
+        return done
 
     def _narrate(self, turn: TurnTimeline, fed: FeedResult | None, ids: Sequence[int], final: bool) -> None:
         """The narrator's slice: thoughts that ended in ``ids`` (fed at the session's end), then the

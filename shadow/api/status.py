@@ -62,6 +62,7 @@ class Turn(_Part):
     budget_s: float
     chunks: int
     last_event_s: float
+    host_s: float  # wall time inside the shadow's calls from the first token on
 
 
 class HostStatus(_Part):

@@ -154,6 +154,9 @@ class TurnTimeline:
     budget_s: float = 0.0  # the last ration slice's budget, as the rationed scheduler enforced it
     chunks: int = 0
     last_event_s: float = 0.0
+    # wall time inside the shadow's calls from the first token on (round_ended, finished), chunks read
+    # there included: what a host that waits on each call pays during its decode
+    host_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -54,7 +54,8 @@ def test_summary_pairs_runs_in_order_and_leaves_out_the_warm_up() -> None:
     assert got["arms"]["off"]["decode_tps"]["median"] == pytest.approx(100.0)
 
 
-def _span_records(chunks: list[tuple[str, ChunkRead, int, int, dict[str, Any] | None]]) -> list[dict[str, Any]]:
+def _span_records(chunks: list[tuple[str, ChunkRead, int, int, dict[str, Any] | None]],
+                  turns: tuple[tuple[str, float], ...] = ()) -> list[dict[str, Any]]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -65,6 +66,10 @@ def _span_records(chunks: list[tuple[str, ChunkRead, int, int, dict[str, Any] | 
     telemetry = SpanTelemetry(provider, "m")
     for window, chunk, t0, t1, attrs in chunks:
         telemetry.chunk(window, chunk, 0, t0, t1, attrs)  # type: ignore[arg-type]
+    for request_id, host_ms in turns:  # what the service writes when a request finishes
+        with telemetry.span("shadow.turn", {"gen_ai.conversation.id": "x", "shadow.request.id": request_id,
+                                            "shadow.turn.host_ms": host_ms}):
+            pass
     return [span_record(s) for s in exporter.get_finished_spans()]
 
 
@@ -77,11 +82,15 @@ def test_trace_cost_counts_the_runs_ration_and_idle_chunks_inside_its_decodes() 
         ("ration", ChunkRead("y", 0, 512, 0.500), 20 * s + 1000, 20 * s + 2000, {"shadow.request.id": "other"}),
         ("idle", ChunkRead("x", 1024, 512, 0.006), 21 * s - 1000, 21 * s + 1000, None),  # overlaps b's decode
         ("idle", ChunkRead("x", 1536, 512, 0.300), 15 * s, 16 * s, None),  # in the gap: not during a decode
-    ])
+    ], turns=(("a", 30.0), ("b", 10.0), ("other", 900.0)))
     got = trace_cost(records, turns)
     assert got["ration_chunks"] == 2 and got["ration_ms"] == pytest.approx(14.0)
     assert got["idle_in_decode_chunks"] == 1 and got["idle_in_decode_ms"] == pytest.approx(6.0)
-    assert got["trace_cost_pct"] == pytest.approx(100 * 0.020 / 2.0)
+    assert got["trace_chunks_pct"] == pytest.approx(100 * 0.020 / 2.0)
+    # a host that waits on its calls pays their time: 40 ms of these two requests' 2 s of decode
+    assert got["turn_spans"] == 2 and got["trace_host_pct"] == pytest.approx(100 * 0.040 / 2.0)
+    assert got["trace_cost_pct"] == got["trace_host_pct"]
+    assert trace_cost(records, turns, overlap=True)["trace_cost_pct"] == got["trace_chunks_pct"]
     assert got["ration_share_max_pct"] == pytest.approx(1.0)  # request a: 10 ms of its 1 s decode
 
 
@@ -177,6 +186,9 @@ def test_the_cpu_smoke_run_writes_the_paired_result(shared_data: Path, tmp_path:
     assert on["ration_ms"] == pytest.approx(on["host_ration_ms"], rel=1e-6)
     assert on["ration_chunks"] == on["host_ration_chunks"]
     assert on["trace_cost_pct"] == pytest.approx(r["trace_cost_pct"])
+    # every request's account came back as a span, and it saw about the time the host timed
+    assert on["turn_spans"] == 2 and on["trace_cost_pct"] == on["trace_host_pct"]
+    assert 0.5 * on["calls_pct"] <= on["trace_host_pct"] <= 1.5 * on["calls_pct"]
     assert r["decode_loss"]["values"] == pytest.approx([100 * (off["decode_tps"] - on["decode_tps"])
                                                         / off["decode_tps"]])
     trace = tmp_path / files[0].name.replace(".json", ".trace.jsonl")
