@@ -14,7 +14,9 @@ Per-session state that the graphs touch lives in static buffers shared by every 
 conv and recurrent state are copied in before a forward and, for a chunk that commits, copied
 out after it (about 19 MB each way at 0.8B). KV rows are written by the eager step between the
 pieces, straight into the session's own buffers. A fork (question, decode) copies in and never
-out, so the committed state is untouched by construction.
+out, so the committed state is untouched by construction. A pass's inputs (ids, the position of
+row 0, the number of real rows) cross in one copy from pinned host memory into a static buffer
+that the captured kernels read, so they change with no new capture and no fill launches.
 
 Row counts: a chunk uses ``grid`` rows; a fork runs whole ``grid`` passes and then one padded
 pass of the smallest captured size that holds the rest. Padding rows come after the real ones:
