@@ -157,8 +157,9 @@ def output_gate(attn: torch.Tensor, proj: torch.Tensor, out: torch.Tensor) -> No
 def _held_or_new(proj_ptr, state_ptr, c, mc, r, stride_proj, KERNEL: tl.constexpr):
     """Row ``r`` of [held columns | new rows] as fp32 over channels ``c``: held column ``r + KERNEL``
     of the state when ``r < 0``, else new row ``r``. Two masked loads, each contiguous."""
-    held = tl.load(state_ptr + c * KERNEL + (r + KERNEL), mask=mc & (r < 0), other=0.0)
-    new = tl.load(proj_ptr + r * stride_proj + c, mask=mc & (r >= 0), other=0.0)
+    rows = c * 0 + r  # the row as a vector: a mask of a tensor and a scalar test fails Triton 3.9's interpreter
+    held = tl.load(state_ptr + c * KERNEL + (r + KERNEL), mask=mc & (rows < 0), other=0.0)
+    new = tl.load(proj_ptr + r * stride_proj + c, mask=mc & (rows >= 0), other=0.0)
     return held.to(tl.float32) + new.to(tl.float32)
 
 
@@ -185,12 +186,13 @@ def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, C, KD, 
     base = out_ptr + tl.minimum(region, 2) * n * KD + (c - tl.minimum(region, 2) * KD)
     for i in tl.static_range(BLOCK_T):
         t = t0 + i
-        xd = tl.load(proj_ptr + t * stride_proj + c, mask=mc & (t < n), other=0.0).to(tl.float32)
+        real = mc & ((c * 0 + t) < n)
+        xd = tl.load(proj_ptr + t * stride_proj + c, mask=real, other=0.0).to(tl.float32)
         acc = xa * w0 + xb * w1 + xc * w2 + xd * w3
         y = acc * tl.sigmoid(acc)
         if region < 2:  # q and k leave l2-normalised per head, as the rule wants them (fla's l2norm, eps 1e-6)
             y = y * tl.rsqrt(tl.sum(y * y, axis=0) + 1e-6)
-        tl.store(base + t * width, y.to(out_ptr.dtype.element_ty), mask=mc & (t < n))
+        tl.store(base + t * width, y.to(out_ptr.dtype.element_ty), mask=real)
         xa, xb, xc = xb, xc, xd
     if tl.program_id(0) == 0:
         # The state moves on here, in the one program that read it: the new held columns are
