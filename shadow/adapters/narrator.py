@@ -178,6 +178,12 @@ class Narrator:
                 book.waiting.append(_Thought(session, at, self._thoughts[session], turn.rounds))
         return len(ended)
 
+    def waiting(self, request_id: str) -> int:
+        """Thoughts of the request that wait for a summary: the step reads chunks for these only."""
+        with self._mu:
+            book = self._turns.get(request_id)
+        return len(book.waiting) if book is not None else 0
+
     def step(self, turn: TurnTimeline, final: bool = False) -> list[Narration]:
         """Between two rounds (``final``: the turn finishes): the summaries that fit the turn's share."""
         with self._mu:

@@ -301,20 +301,36 @@ class ShadowService:
         if session is None or turn.started_s is None:
             raise BadInput(f"request {request_id!r} has not started")
         follows = self._follows(session)
-        fed = self.feed_output(session, ids) if ids and follows else None
+        fed = self._feed_round(session, ids) if ids and follows else None
         turn = self.activity.record_round_ended(request_id, len(ids))
         # the narrator first: a thought that just ended is summarised at its end, before the ration
         # reads past it
-        self._narrate(turn, fed, ids, final=False)
+        narrated = self._narrate(turn, fed, ids, final=False)
         turn.budget_s = 0.0  # a session not followed gets no ration; a followed one, the scheduler's
         chunks = self.ration.step(turn) if follows else []
-        self.stats["ration"].add(chunks)
-        shadow = self._live
-        held, committed = self._counts(shadow, session) if shadow is not None else (0, 0)
+        if chunks:
+            self.stats["ration"].add(chunks)
+        if fed is not None and fed.followed and not fed.queued and not chunks and not narrated:
+            held, committed = fed.ids, fed.committed  # nothing read since the feed counted them
+        else:
+            shadow = self._live
+            held, committed = self._counts(shadow, session) if shadow is not None else (0, 0)
         backlog = held - committed
         turn.host_s += time.perf_counter() - entered
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, backlog)
+
+    def _feed_round(self, session: str, ids: Sequence[int]) -> FeedResult:
+        """``feed_output`` for a round of a session known to be followed, counting once: the host
+        waits on this call every decode round."""
+        shadow = self._live
+        if shadow is None or self.slot.state in ("off", "failed"):
+            return self.feed_output(session, ids)
+        held, committed = self._counts(shadow, session)
+        self._within_length(session, held, len(ids))
+        shadow.feed_output(session, ids)
+        held += len(ids)
+        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed)
 
     def _follows(self, session: str) -> bool:
         with self._mu:
@@ -344,14 +360,17 @@ class ShadowService:
                 pass
         return done
 
-    def _narrate(self, turn: TurnTimeline, fed: FeedResult | None, ids: Sequence[int], final: bool) -> None:
+    def _narrate(self, turn: TurnTimeline, fed: FeedResult | None, ids: Sequence[int], final: bool) -> bool:
         """The narrator's slice: thoughts that ended in ``ids`` (fed at the session's end), then the
-        summaries that fit the turn's share (``shadow.adapters.narrator``)."""
+        summaries that fit the turn's share (``shadow.adapters.narrator``). Returns whether it may
+        have read chunks (a thought waited)."""
         if self.narrator is None or turn.session is None:
-            return
+            return False
         if fed is not None and fed.followed and not fed.queued and self._narrates(turn.session):
             self.narrator.output(turn, turn.session, fed.ids - len(ids), list(ids))
+        waited = self.narrator.waiting(turn.request_id) > 0
         self.narrator.step(turn, final)
+        return waited
 
     def _narrates(self, session: str) -> bool:
         with self._mu:
