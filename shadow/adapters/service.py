@@ -251,9 +251,11 @@ class ShadowService:
                 self._within_length(session, len(q.prompt) + len(q.outputs), len(ids))
                 q.outputs.extend(ids)
                 return self._result(None, session)
-        self._within_length(session, self._counts(shadow, session)[0], len(ids))
+        held, committed = self._counts(shadow, session)  # counted once: the host calls this every round
+        self._within_length(session, held, len(ids))
         shadow.feed_output(session, ids)
-        return self._result(shadow, session)
+        held += len(ids)
+        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed)
 
     # ---- the host interface ----------------------------------------------------------------------
 
@@ -301,7 +303,7 @@ class ShadowService:
         if session is None or turn.started_s is None:
             raise BadInput(f"request {request_id!r} has not started")
         follows = self._follows(session)
-        fed = self._feed_round(session, ids) if ids and follows else None
+        fed = self.feed_output(session, ids) if ids and follows else None
         turn = self.activity.record_round_ended(request_id, len(ids))
         # the narrator first: a thought that just ended is summarised at its end, before the ration
         # reads past it
@@ -319,18 +321,6 @@ class ShadowService:
         turn.host_s += time.perf_counter() - entered
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, backlog)
-
-    def _feed_round(self, session: str, ids: Sequence[int]) -> FeedResult:
-        """``feed_output`` for a round of a session known to be followed, counting once: the host
-        waits on this call every decode round."""
-        shadow = self._live
-        if shadow is None or self.slot.state in ("off", "failed"):
-            return self.feed_output(session, ids)
-        held, committed = self._counts(shadow, session)
-        self._within_length(session, held, len(ids))
-        shadow.feed_output(session, ids)
-        held += len(ids)
-        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed)
 
     def _follows(self, session: str) -> bool:
         with self._mu:

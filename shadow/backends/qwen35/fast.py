@@ -99,7 +99,7 @@ class _Rows:
     io: torch.Tensor
     attn: torch.Tensor  # attention output, written eagerly, read by the next piece
     staging: list[torch.Tensor] = field(default_factory=list)  # pinned host copies of io, used in turn
-    staged: list[Any] = field(default_factory=list)  # per slot: the event after its last copy, or None
+    staged: list[Any] = field(default_factory=list)  # per slot: the event recorded after its last copy
     turn: int = 0
     h: torch.Tensor | None = None
     delta: torch.Tensor | None = None
@@ -137,9 +137,7 @@ class _Rows:
             return
         slot = self.turn % len(self.staging)
         self.turn += 1
-        done = self.staged[slot]
-        if done is not None:
-            done.synchronize()
+        self.staged[slot].synchronize()  # returns at once for an event never recorded
         host = self.staging[slot]
         view = host.numpy()
         view[n] = start
@@ -150,9 +148,7 @@ class _Rows:
         else:
             view[:n] = ids.numpy()
             self.io.copy_(host, non_blocking=True)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
-        self.staged[slot] = event
+        self.staged[slot].record()
 
 
 def _stacked(views: list[torch.Tensor]) -> torch.Tensor | None:
@@ -275,7 +271,7 @@ class FastForward:
                                           dtype=self.model.dtype))
             if self.device.type == "cuda":
                 rows.staging = [torch.empty(n + 2, dtype=torch.long, pin_memory=True) for _ in range(STAGING_SLOTS)]
-                rows.staged = [None] * STAGING_SLOTS
+                rows.staged = [torch.cuda.Event() for _ in range(STAGING_SLOTS)]  # type: ignore[no-untyped-call]
             if self._chunked(n):
                 rows.solve = torch.zeros(1, n, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=self.device,
                                          dtype=self.model.dtype)
