@@ -36,7 +36,7 @@ import math
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -183,6 +183,11 @@ class Narrator:
         with self._mu:
             book = self._turns.get(request_id)
         return len(book.waiting) if book is not None else 0
+
+    def wants(self, request_id: str, ids: Sequence[int]) -> bool:
+        """Whether a round with ``ids`` gives the request's narrator something to do: a thought
+        ends among them, or one waits for a summary (a round without either may stay quiet)."""
+        return THINK_END in ids or self.waiting(request_id) > 0
 
     def step(self, turn: TurnTimeline, final: bool = False) -> list[Narration]:
         """Between two rounds (``final``: the turn finishes): the summaries that fit the turn's share."""

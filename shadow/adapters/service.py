@@ -15,6 +15,8 @@ profile=..., router=..., barrier=True)``               flight (``barrier``), the
 ``round_ended(request_id, ids)``                       between two decode rounds, on the request's
                                                        thread: feeds the new output ids, then the
                                                        narrator's slice, then reads within the ration
+                                                       (a round where neither would read keeps its
+                                                       ids for the next look: ``rounds.py``)
 ``finished(request_id, ids=())``                       the turn is over (last output ids, if any)
 ``hold()`` / ``add_hold(ttl_s)`` / ``release_hold(id)``  keep the idle window shut
 ``on_narration(callback)``                             the narrator's summaries (``narrator.py``)
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from shadow.core.errors import BadInput, ShadowError, UnknownSession
 from shadow.core.host import FeedResult, Host, HostActivity, RoundResult, TurnTimeline
 from shadow.core.profiles import Profiles, ShadowBlock
+from shadow.core.protocols import Ration
 from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ask_span
 from shadow.core.session import Position
 from shadow.core.settings import ShadowSettings
@@ -53,6 +56,7 @@ from shadow.core.shadow import Answer, ChunkRead, Shadow
 from shadow.core.slot import Slot
 
 from .narrator import Narration, Narrator
+from .rounds import OpenRound, OpenRounds
 from .router import RouterQuestion, RouterShadow, insertion_point
 
 Renderer = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None, bool | None], list[int]]
@@ -82,7 +86,7 @@ class _Queued:
 
 class ShadowService:
     def __init__(self, settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles,
-                 idle: Scheduler, ration: Scheduler, telemetry: Telemetry | None = None,
+                 idle: Scheduler, ration: Ration, telemetry: Telemetry | None = None,
                  router: RouterShadow | None = None, render: Renderer = render_messages,
                  clock: Callable[[], float] = time.monotonic, keep_answers: int = 32,
                  narrator: Narrator | None = None) -> None:
@@ -104,6 +108,7 @@ class ShadowService:
         self._live: Shadow | None = None
         self._queued: dict[str, _Queued] = {}
         self._profile_of: dict[str, str] = {}
+        self.rounds = OpenRounds(self._feed_output)
         self._loop = IdleLoop(self.idle_step, settings.idle_poll_s, on_error=self._error)
         slot.on_loaded(self._replay)
 
@@ -116,6 +121,10 @@ class ShadowService:
     def stop(self) -> None:
         """Stop the idle loop, then a planned stop of the facade (it parks resident sessions)."""
         self._loop.stop()
+        try:  # what quiet rounds kept is fed, so it is parked with the rest
+            self.rounds.settle()
+        except ShadowError as err:
+            self._error(err)
         shadow = self._live
         if shadow is not None:
             shadow.close()
@@ -209,6 +218,7 @@ class ShadowService:
                     tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
                     profile: str | None = None) -> FeedResult:
         """A turn's whole prompt, as ids or as OpenAI-style messages (rendered with the template)."""
+        self.rounds.settle(session)
         name, block = self.block(session, profile)
         prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
         if not prompt:
@@ -234,7 +244,11 @@ class ShadowService:
         return out
 
     def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
-        """Qwen's output ids, appended."""
+        """Qwen's output ids, appended (after those its running request's quiet rounds kept)."""
+        self.rounds.settle(session)
+        return self._feed_output(session, ids)
+
+    def _feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
         if self.slot.state in ("off", "failed"):
             return FeedResult(session, False, reason=self.slot.state)
         with self._mu:
@@ -296,31 +310,49 @@ class ShadowService:
 
     def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
         """Between two decode rounds: feed the round's output ids, then the narrator's slice, then
-        read within the ration."""
+        read within the ration. A round where a look would read nothing stays quiet: its ids are
+        checked and kept for the next look (``rounds.py``: what a waiting host pays per round)."""
         entered = time.perf_counter()
+        open_ = self.rounds.get(request_id)
+        if open_ is not None and self._quiet(open_, ids) and self.rounds.add(open_, ids):
+            turn = self.activity.record_round_ended(request_id, len(ids))
+            turn.host_s += time.perf_counter() - entered
+            return RoundResult(request_id, 0, 0.0, turn.budget_s * 1e3, turn.spent_s * 1e3,
+                               open_.backlog + len(open_.pending))
         turn = self.activity.turn(request_id)
         session = turn.session
         if session is None or turn.started_s is None:
             raise BadInput(f"request {request_id!r} has not started")
         follows = self._follows(session)
-        fed = self.feed_output(session, ids) if ids and follows else None
-        turn = self.activity.record_round_ended(request_id, len(ids))
+        new = len(ids)
+        every, fed = self.rounds.take(request_id, session, ids, follows)
+        turn = self.activity.record_round_ended(request_id, new)
         # the narrator first: a thought that just ended is summarised at its end, before the ration
         # reads past it
-        narrated = self._narrate(turn, fed, ids, final=False)
+        narrated = self._narrate(turn, fed, every, final=False)
         turn.budget_s = 0.0  # a session not followed gets no ration; a followed one, the scheduler's
         chunks = self.ration.step(turn) if follows else []
         if chunks:
             self.stats["ration"].add(chunks)
+        shadow = self._live
         if fed is not None and fed.followed and not fed.queued and not chunks and not narrated:
             held, committed = fed.ids, fed.committed  # nothing read since the feed counted them
         else:
-            shadow = self._live
             held, committed = self._counts(shadow, session) if shadow is not None else (0, 0)
-        backlog = held - committed
+        if fed is not None and fed.followed and not fed.queued and shadow is not None:
+            self.rounds.keep(turn, session, shadow.grid, held, held - committed, shadow.reader.vocab_size)
         turn.host_s += time.perf_counter() - entered
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
-                           turn.spent_s * 1e3, backlog)
+                           turn.spent_s * 1e3, held - committed)
+
+    def _quiet(self, open_: OpenRound, ids: Sequence[int]) -> bool:
+        """A look at this round would read nothing: neither the ration (its own test, with the
+        backlog counted since the last look) nor the narrator wants it, and the ids would feed."""
+        if not open_.fits(ids, self.settings.max_session_ids):
+            return False
+        if self.ration.may_read(open_.turn, open_.backlog + len(open_.pending) + len(ids), open_.grid):
+            return False
+        return self.narrator is None or not self.narrator.wants(open_.turn.request_id, ids)
 
     def _follows(self, session: str) -> bool:
         with self._mu:
@@ -335,12 +367,12 @@ class ShadowService:
         shadow cost a host that waits on its calls (an overlapped host pays only the chunks)."""
         entered = time.perf_counter()
         turn = self.activity.turn(request_id)
-        fed = None
-        if ids and turn.session is not None and self._follows(turn.session):
-            fed = self.feed_output(turn.session, ids)
-        if turn.session is not None:  # before the turn ends: the idle window stays shut meanwhile
+        fed, new = None, len(ids)
+        if turn.session is not None:  # the quiet rounds' ids first
+            ids, fed = self.rounds.take(request_id, turn.session, ids, self._follows(turn.session))
+            # before the turn ends: the idle window stays shut meanwhile
             self._narrate(turn, fed, ids, final=True)
-        done = self.activity.record_finished(request_id, len(ids))
+        done = self.activity.record_finished(request_id, new)
         done.host_s += time.perf_counter() - entered
         if done.session is not None and done.first_token_s is not None:
             with self.telemetry.span("shadow.turn", {
@@ -394,6 +426,7 @@ class ShadowService:
 
     def forget(self, session: str) -> None:
         """Drop a session: its state, its parked file, its queued feeds, its profile."""
+        self.rounds.settle(session)
         with self._mu:
             queued = self._queued.pop(session, None) is not None
             self._profile_of.pop(session, None)
@@ -415,6 +448,7 @@ class ShadowService:
         return shadow
 
     def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
+        self.rounds.settle(session)
         shadow = self._facade()
         with ask_span(self.telemetry, "ask", session, choices) as span:
             answer = shadow.ask(session, question, choices)
@@ -431,6 +465,7 @@ class ShadowService:
         _, block = self.block(session, None)
         if block.narrator != "on":
             raise BadInput(f"the narrator is off for session {session!r}'s profile")
+        self.rounds.settle(session)
         shadow = self._facade()
         from .tokens import get_tokens
 
@@ -445,6 +480,10 @@ class ShadowService:
     # ---- status ----------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        try:  # the counts below include what quiet rounds kept
+            self.rounds.settle()
+        except ShadowError as err:
+            self._error(err)
         shadow = self._live
         facade: dict[str, Any] = shadow.status() if shadow is not None else {"sessions": {}}
         sessions: dict[str, Any] = dict(facade.pop("sessions", {}))

@@ -125,6 +125,14 @@ class Scheduler(Protocol):
     def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]: ...
 
 
+class Ration(Scheduler, Protocol):
+    """The scheduler that reads between a request's decode rounds. ``may_read`` is its ``step``'s
+    own test, without reading: whether a step now could read a chunk of the turn's session, given a
+    bound on its backlog (the service leaves a round quiet when it could not)."""
+
+    def may_read(self, turn: TurnTimeline, backlog: int, grid: int, budget: float | None = None) -> bool: ...
+
+
 class Questioner(Protocol):
     """Questions that wait for the reader to reach a position, answered in the idle window (the
     router's, in shadow mode). ``answer`` asks the ready ones and stops as soon as ``busy()``."""

@@ -46,6 +46,14 @@ class RationedScheduler:
     def budget(self, turn: TurnTimeline) -> float:
         return ration_budget(turn, self.clock(), self.share, self.slice_s)
 
+    def may_read(self, turn: TurnTimeline, backlog: int, grid: int, budget: float | None = None) -> bool:
+        """Whether a step now (or with ``budget``) could read a chunk of the turn's session, whose
+        backlog is at most ``backlog``: the step's own test, which the service also asks on a round
+        it would rather leave quiet."""
+        if self.share <= 0 or turn.session is None or backlog < grid:
+            return False
+        return fits(0.0, self.estimate(turn.session), self.budget(turn) if budget is None else budget)
+
     def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]:
         """One slice. Its budget is computed here only and kept on the turn (``budget_s``), so what
         the service reports is what was enforced."""
@@ -53,11 +61,7 @@ class RationedScheduler:
             return []
         budget = turn.budget_s = self.budget(turn)
         shadow = self.slot.get()
-        if shadow is None or self.share <= 0:
-            return []
-        if not fits(0.0, self.estimate(turn.session), budget):
-            return []
-        if backlog_of(shadow, turn.session) < shadow.grid:
+        if shadow is None or not self.may_read(turn, backlog_of(shadow, turn.session), shadow.grid, budget):
             return []
         (self.sync or shadow.sync)()
         spent = 0.0
