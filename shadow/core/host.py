@@ -179,7 +179,8 @@ class FeedResult:
 
 @dataclass
 class RoundResult:
-    """What the ration read after a decode round: ``budget_ms`` is the budget the scheduler enforced."""
+    """What the ration read after a decode round: ``budget_ms`` is the budget the scheduler enforced
+    (a quiet round, at which nothing could be read, reports its request's last look's)."""
 
     request_id: str
     chunks: int = 0

@@ -76,9 +76,8 @@ def test_a_quiet_round_refuses_what_a_feed_refuses_and_loses_nothing(checkpoint,
         with pytest.raises(BadInput, match=said):
             svc.round_ended("r1", bad)
     svc.round_ended("r1", [16])
-    svc.finished("r1")
+    assert svc.finished("r1").output_len == 4  # the refused rounds counted nothing
     assert list(c.shadow().session_ids("s")) == prompt + [11, 12, 13, 16]
-    assert c.activity().snapshot() is not None
 
 
 def test_settles_from_other_threads_keep_the_order_of_the_rounds(checkpoint, tmp_path, clock):
