@@ -24,7 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import threading
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,22 +36,16 @@ class OpenRound:
 
     turn: TurnTimeline
     session: str
-    grid: int
     held: int  # ids the session held after the look
     backlog: int  # of those, not yet read
-    vocab: int
     pending: list[int] = field(default_factory=list)
     closed: bool = False  # taken by a look or a settle: a round may no longer add to it
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def fits(self, ids: Sequence[int], most: int) -> bool:
-        """``ids`` are token ids in the vocabulary and the session stays within ``most`` ids: what
-        a feed would accept (a round that fails this looks, and the look's feed says why)."""
-        try:
-            packed = array("I", ids)
-        except (TypeError, OverflowError):
-            return False
-        return (not packed or max(packed) < self.vocab) and self.held + len(self.pending) + len(packed) <= most
+    def within(self, more: int, most: int) -> bool:
+        """The session stays within ``most`` ids with ``more`` (a round past it looks, and the
+        look's feed says why)."""
+        return self.held + len(self.pending) + more <= most
 
 
 class OpenRounds:
@@ -67,10 +60,10 @@ class OpenRounds:
     def get(self, request_id: str) -> OpenRound | None:
         return self._open.get(request_id)
 
-    def keep(self, turn: TurnTimeline, session: str, grid: int, held: int, backlog: int, vocab: int) -> None:
+    def keep(self, turn: TurnTimeline, session: str, held: int, backlog: int) -> None:
         """After a look: the request's next rounds may be quiet."""
         with self._mu:
-            self._open[turn.request_id] = OpenRound(turn, session, grid, held, backlog, vocab)
+            self._open[turn.request_id] = OpenRound(turn, session, held, backlog)
 
     @staticmethod
     def add(round_: OpenRound, ids: Sequence[int]) -> bool:
@@ -88,14 +81,11 @@ class OpenRounds:
         (dropped when the session is no longer followed). The request has no open round after it."""
         round_ = self._open.get(request_id)
         if round_ is None:
-            return self._feed_if(follows, session, list(ids))
+            return self._feed_after([], session, list(ids), follows)
         with round_.lock:  # a settle under way finishes first: its ids go before these
             kept = [] if round_.closed else round_.pending
             self._close(round_)
-            # the kept ids in a feed of their own: a refusal of ``ids`` then costs nothing kept
-            _, fed = self._feed_if(follows, session, kept)
-            every, fed_now = self._feed_if(follows, session, list(ids))
-            return kept + every, fed_now or fed
+            return self._feed_after(kept, session, list(ids), follows)
 
     def settle(self, session: str | None = None) -> None:
         """Feed the ids kept for ``session`` (every session: ``None``) and close its open rounds:
@@ -120,5 +110,13 @@ class OpenRounds:
             if self._open.get(round_.turn.request_id) is round_:
                 del self._open[round_.turn.request_id]
 
-    def _feed_if(self, follows: bool, session: str, ids: list[int]) -> tuple[list[int], FeedResult | None]:
-        return ids, (self._feed(session, ids) if follows and ids else None)
+    def _feed_after(self, kept: list[int], session: str, ids: list[int],
+                    follows: bool) -> tuple[list[int], FeedResult | None]:
+        """``kept`` then ``ids``, each in a feed of its own (a refusal of ``ids`` costs nothing kept);
+        the last feed's result."""
+        fed = None
+        if follows:
+            for part in (kept, ids):
+                if part:
+                    fed = self._feed(session, part)
+        return kept + ids, fed

@@ -121,16 +121,20 @@ class ShadowService:
     def stop(self) -> None:
         """Stop the idle loop, then a planned stop of the facade (it parks resident sessions)."""
         self._loop.stop()
-        try:  # what quiet rounds kept is fed, so it is parked with the rest
-            self.rounds.settle()
-        except ShadowError as err:
-            self._error(err)
+        self._settle_all()  # what quiet rounds kept is fed, so it is parked with the rest
         shadow = self._live
         if shadow is not None:
             shadow.close()
 
     def _error(self, err: BaseException) -> None:
         self.errors.append(f"{type(err).__name__}: {err}")
+
+    def _settle_all(self) -> None:
+        """Feed every id that quiet rounds kept (off a request's thread: an error goes to status)."""
+        try:
+            self.rounds.settle()
+        except ShadowError as err:
+            self._error(err)
 
     def idle_step(self) -> list[ChunkRead]:
         chunks = self.idle.step()
@@ -335,12 +339,14 @@ class ShadowService:
         if chunks:
             self.stats["ration"].add(chunks)
         shadow = self._live
-        if fed is not None and fed.followed and not fed.queued and not chunks and not narrated:
+        live = fed is not None and fed.followed and not fed.queued
+        if live and not chunks and not narrated:
+            assert fed is not None
             held, committed = fed.ids, fed.committed  # nothing read since the feed counted them
         else:
             held, committed = self._counts(shadow, session) if shadow is not None else (0, 0)
-        if fed is not None and fed.followed and not fed.queued and shadow is not None:
-            self.rounds.keep(turn, session, shadow.grid, held, held - committed, shadow.reader.vocab_size)
+        if live and shadow is not None:
+            self.rounds.keep(turn, session, held, held - committed)
         turn.host_s += time.perf_counter() - entered
         return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
                            turn.spent_s * 1e3, held - committed)
@@ -348,9 +354,10 @@ class ShadowService:
     def _quiet(self, open_: OpenRound, ids: Sequence[int]) -> bool:
         """A look at this round would read nothing: neither the ration (its own test, with the
         backlog counted since the last look) nor the narrator wants it, and the ids would feed."""
-        if not open_.fits(ids, self.settings.max_session_ids):
+        shadow = self._live
+        if shadow is None or not open_.within(len(ids), self.settings.max_session_ids) or not shadow.accepts(ids):
             return False
-        if self.ration.may_read(open_.turn, open_.backlog + len(open_.pending) + len(ids), open_.grid):
+        if self.ration.may_read(open_.turn, open_.backlog + len(open_.pending) + len(ids), shadow.grid):
             return False
         return self.narrator is None or not self.narrator.wants(open_.turn.request_id, ids)
 
@@ -480,10 +487,7 @@ class ShadowService:
     # ---- status ----------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        try:  # the counts below include what quiet rounds kept
-            self.rounds.settle()
-        except ShadowError as err:
-            self._error(err)
+        self._settle_all()  # the counts below include what quiet rounds kept
         shadow = self._live
         facade: dict[str, Any] = shadow.status() if shadow is not None else {"sessions": {}}
         sessions: dict[str, Any] = dict(facade.pop("sessions", {}))
