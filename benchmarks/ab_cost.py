@@ -68,7 +68,7 @@ from typing import Any
 import torch
 
 from benchmarks.ab_engine import MainModel, TurnTiming, build_main, serve_turn, shape
-from benchmarks.common import environment
+from benchmarks.common import environment, keep_newest
 from benchmarks.spans import costs_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -384,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     suffix = "".join(tag for tag, on in (("-overlap", args.overlap), ("-smoke", args.smoke),
                                           ("-cpu", device.type == "cpu")) if on)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"ab_cost-{str(env['date'])[:10]}{suffix}"
+    stem = f"ab_cost{suffix}"
+    keep_newest(args.out / f"{stem}.json", (".trace.jsonl",))
     trace_path = args.out / f"{stem}.trace.jsonl"
     trace_path.unlink(missing_ok=True)  # the exporter appends
     main_model, main_info = build_main(args.main_shape, device, dtype, args.main_grid, fast)
@@ -422,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if run.arm == "on":
             run.trace = trace_cost(spans, run.turns, args.overlap)
     result: dict[str, Any] = {
-        "benchmark": "ab_cost", "gpu": env["device"], **env, "smoke": args.smoke, **summarise(runs),
+        "benchmark": "ab_cost", **env, "smoke": args.smoke, **summarise(runs),
         "main": main_info, "shadow": shadow_info, "sessions": [{"name": s.name, "source": s.source,
                                                                  "turns": len(s.turns), "output_ids": s.output_ids,
                                                                  "prompt_ids": [len(p) for p, _ in s.turns]}

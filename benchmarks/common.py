@@ -1,17 +1,42 @@
-"""What every benchmark records: when, where, which commit; and a median timer that syncs the device."""
+"""What every benchmark records: when, where (``gpu``: the device's name, or ``cpu``), which commit;
+where its newest result lives (``results/<name>.json``, the run before it moved to ``results/history/``);
+and a median timer that syncs the device."""
 
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def keep_newest(path: Path, sidecars: tuple[str, ...] = ()) -> None:
+    """Before a run writes ``path`` (a stable name such as ``read_rate.json``), move the result already
+    there, and its ``sidecars`` (suffixes such as ``.png``, ``.trace.jsonl``), to ``history/`` beside it,
+    named after the commit that file records; so the stable name always holds the newest run."""
+    if not path.is_file():
+        return
+    try:
+        commit = str(json.loads(path.read_text(encoding="utf-8")).get("commit", "unknown"))[:7]
+    except (ValueError, AttributeError):
+        commit = "unknown"
+    history = path.parent / "history"
+    history.mkdir(exist_ok=True)
+    stem = path.name.removesuffix(".json")
+    for suffix in (".json", *sidecars):
+        old = path.parent / f"{stem}{suffix}"
+        if old.is_file():
+            old.replace(history / f"{stem}_{commit}{suffix}")
+
 
 def environment() -> dict[str, object]:
-    import os
 
     commit = os.environ.get("SHADOW_COMMIT", "")  # the device copy may carry no .git: the caller passes it
     dirty = False
@@ -23,9 +48,11 @@ def environment() -> dict[str, object]:
                                    capture_output=True, text=True).stdout.strip() != ""
         except (OSError, subprocess.CalledProcessError):
             commit = "unknown"
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "gpu": device,
+        "device": device,
         "commit": commit + ("+dirty" if dirty else ""),
         "torch": torch.__version__,
     }

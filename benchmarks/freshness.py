@@ -7,7 +7,7 @@ A replay on a simulated clock (``benchmarks.freshness_sim``) of every session un
 ``../shared/data/sessions/raw`` through the service's own idle and rationed schedulers, with a
 reader that costs a given time per chunk: these are figures *simulated from a chunk cost*, not
 GPU measurements. The chunk cost comes from ``--chunk-ms``, else from the newest
-``benchmarks/results/read_rate-*.json`` (rows of figure ``chunk``: ``ours_ms`` by ``depth``), else
+``benchmarks/results/read_rate.json`` (rows of figure ``chunk``: ``ours_ms`` by ``depth``), else
 35 ms (today's, measured on the H200 by ``shadow demo``) and 3 ms.
 
 Per policy (the idle window alone; with the ration at 0.5, 1, 2, 5 %) and chunk cost:
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .common import keep_newest
 from .freshness_sim import Knobs, Policy, SessionRun, percentile, replay_session
 from .timelines import FIRST_TOKEN, SessionTimeline, Skipped, timelines
 
@@ -56,6 +57,7 @@ class CostModel:
     source: str
     depths: tuple[int, ...] = ()
     ms: tuple[float, ...] = ()
+    gpu: str = "cpu"  # where the cost was measured: a flat cost is no GPU's
 
     def __call__(self, row: int) -> float:
         if not self.depths:
@@ -73,13 +75,10 @@ def flat(ms: float) -> CostModel:
     return CostModel(f"{ms:g}", ms, "flag")
 
 
-def newest_rate_file(folder: Path = RESULTS) -> Path | None:
-    """The result measured last, by the date it records (several runs can share a day)."""
-    def measured(path: Path) -> str:
-        return str(json.loads(path.read_text(encoding="utf-8")).get("date", ""))
-
-    files = sorted(folder.glob("read_rate-*.json"), key=lambda p: (measured(p), p.name))
-    return files[-1] if files else None
+def measured_rate_file(folder: Path = RESULTS) -> Path | None:
+    """The newest ``read_rate`` result (``read_rate.json``; older runs live in ``history/``)."""
+    path = folder / "read_rate.json"
+    return path if path.is_file() else None
 
 
 def from_rate_file(path: Path, model: str | None = None) -> CostModel:
@@ -94,7 +93,7 @@ def from_rate_file(path: Path, model: str | None = None) -> CostModel:
     rows = sorted((r for r in rows if r["model"] == model), key=lambda r: r["depth"])
     depths, ms = tuple(int(r["depth"]) for r in rows), tuple(float(r["ours_ms"]) for r in rows)
     src = f"{path.name}: {model} on {d.get('gpu', '?')} at {d.get('commit', '?')}, ours_ms by depth"
-    return CostModel(f"{model}@{d.get('gpu', '?')}", ms[0], src, depths, ms)
+    return CostModel(f"{model}@{d.get('gpu', '?')}", ms[0], src, depths, ms, str(d.get("gpu", "?")))
 
 
 def _first_long(run: SessionRun, long_ids: int) -> float | None:
@@ -210,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="sessions whose path contains one of these")
     ap.add_argument("--chunk-ms", type=float, nargs="*", help="chunk costs in ms (default: the newest read_rate "
                     "file, else 35 and 3)")
-    ap.add_argument("--rate-file", type=Path, help="a read_rate-*.json to take the chunk cost by depth from")
+    ap.add_argument("--rate-file", type=Path, help="a read_rate JSON to take the chunk cost by depth from")
     ap.add_argument("--rate-model", help="the model's rows in the read_rate file (default: its first)")
     ap.add_argument("--rations", type=float, nargs="*", default=list(RATIONS), help="ration, %% (0: idle only)")
     ap.add_argument("--decode-tps", type=float, default=36.0, help="the host's decode rate, for the first "
@@ -220,14 +219,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gaps", choices=("real", "none"), default="real",
                     help="none: each request arrives as the one before ends")
     ap.add_argument("--long-ids", type=int, default=LONG_IDS, help="new prompt ids that make a prompt long")
-    ap.add_argument("--out", type=Path, help="JSON path (default: benchmarks/results/freshness-<date>.json)")
+    ap.add_argument("--out", type=Path, help="JSON path (default: benchmarks/results/freshness.json; the one before "
+                    "moves to history/)")
     ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
     at = commit()  # the code that runs, before anything changes during a long run
     if not args.raw.is_dir():
         raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo")
 
-    rate_file = args.rate_file or (None if args.chunk_ms else newest_rate_file())
+    rate_file = args.rate_file or (None if args.chunk_ms else measured_rate_file())
     if rate_file is not None:
         costs = [from_rate_file(rate_file, args.rate_model)]
     else:
@@ -254,10 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows))
 
     date = datetime.date.today().isoformat()
-    out = args.out or RESULTS / f"freshness-{date}.json"
+    out = args.out or RESULTS / "freshness.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    keep_newest(out, (".png",))
     doc = {
-        "benchmark": "freshness", "date": date, "commit": at, "simulated": True, "note": NOTE,
+        "benchmark": "freshness", "date": date, "commit": at,
+        # the replay runs on the CPU; the GPU is the one the chunk costs were measured on
+        "gpu": ", ".join(sorted({c.gpu for c in costs})), "simulated": True, "note": NOTE,
         "chunk_cost": [c.source if c.depths else f"{c.chunk_ms:g} ms a chunk, flat ({c.source})" for c in costs],
         "first_token": FIRST_TOKEN, "decode_tps": args.decode_tps, "round_ids": args.round_ids, "grid": args.grid,
         "gaps": args.gaps, "idle_poll_s": knobs.idle_poll_s, "idle_window_s": knobs.idle_window_s,

@@ -61,7 +61,7 @@ import torch
 
 from benchmarks import read_rate_exact as exact_mod
 from benchmarks import read_rate_floor as floor_mod
-from benchmarks.common import environment
+from benchmarks.common import environment, keep_newest
 from benchmarks.read_rate_steps import FIGURES, GRID, PeerRunner, Plan, ShadowSide, run_steps
 from shadow import Shadow, ShadowSettings, build_shadow
 from shadow.backends.qwen35 import Qwen35Config
@@ -274,7 +274,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.read_rate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="benchmarks/results", help="folder for read_rate-<date>.json")
+    ap.add_argument("--out", default="benchmarks/results", help="folder for read_rate.json (the one "
+                    "before moves to history/)")
     ap.add_argument("--quick", action="store_true", help="fewer depths and repeats, the 0.8B shape only")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(folder)
             runs.append(run)
     result: dict[str, Any] = {
-        "benchmark": "read_rate", "gpu": env["device"], **env, "dtype": args.dtype, "grid": GRID,
+        "benchmark": "read_rate", **env, "dtype": args.dtype, "grid": GRID,
         "quick": args.quick, "warm": "each side ran the whole timed sequence once (same depths and shapes) on a "
                                      "throwaway session or cache after warm_up or loading; figures are the second run",
         "matmul_tflops": rates[0] / 1e12, "copy_tbps": rates[1] / 1e12,
@@ -331,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.perf_counter() - t_start,
     }
     suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "")
-    out = Path(args.out) / f"read_rate-{str(env['date'])[:10]}{suffix}.json"
+    out = Path(args.out) / f"read_rate{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    keep_newest(out)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out} in {result['wall_s']:.0f} s")
     print(f"warm: {result['warm']}")

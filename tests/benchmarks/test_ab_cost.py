@@ -165,11 +165,12 @@ def test_the_cpu_smoke_run_writes_the_paired_result(shared_data: Path, tmp_path:
     code = main(["--out", str(tmp_path), "--main-shape", "tiny", "--smoke", "--raw",
                  str(shared_data / "sessions" / "raw"), "--sessions", SESSION, "--max-output", "12"])
     out = capsys.readouterr().out
-    files = list(tmp_path.glob("ab_cost-*-smoke-cpu.json"))
+    files = list(tmp_path.glob("ab_cost*.json"))
     assert len(files) == 1, out
     r = json.loads(files[0].read_text())
     assert code == 0, (out, r["notes"])
-    assert r["gpu"] == "cpu" and r["commit"] and r["date"][:10] in files[0].name and r["smoke"] is True
+    assert files[0].name == "ab_cost-smoke-cpu.json"
+    assert r["gpu"] == "cpu" and r["commit"] and r["date"] and r["smoke"] is True
     assert r["runs_per_arm"] == 1
     for key in ("decode_loss_pct", "ttft_delta_pct", "trace_cost_pct", "calls_pct"):
         assert isinstance(r[key], float), key
@@ -199,7 +200,7 @@ def test_the_cpu_smoke_run_writes_the_paired_result(shared_data: Path, tmp_path:
 @pytest.mark.gpu
 def test_the_gpu_smoke_run_decodes_on_the_captured_step(tmp_path: Path) -> None:
     code = main(["--out", str(tmp_path), "--main-shape", "0.8b", "--smoke", "--sessions", "demo"])
-    r = json.loads(next(tmp_path.glob("ab_cost-*-smoke.json")).read_text())
+    r = json.loads((tmp_path / "ab_cost-smoke.json").read_text())
     assert code == 0, r["notes"]
     assert r["main"]["path"] == "fast, CUDA graphs" and r["main"]["capture_s"] > 0
     assert r["shadow"]["fast_report"]["graphs"] is True

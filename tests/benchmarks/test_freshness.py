@@ -102,7 +102,7 @@ def test_chunk_cost_by_depth_from_a_read_rate_file(tmp_path: Path) -> None:
         {"model": "2B", "figure": "chunk", "depth": 0, "ours_ms": 9.0, "peer_ms": 7.0, "floor_ms": 2.0},
         {"model": "0.8B", "figure": "ask", "depth": 0, "ours_ms": 99.0, "peer_ms": 1.0, "floor_ms": 1.0}]}))
     cost = from_rate_file(path)
-    assert cost.chunk_ms == 4.0 and "H200" in cost.source
+    assert cost.chunk_ms == 4.0 and "H200" in cost.source and cost.gpu == "H200"
     assert (cost(0), cost(32768), cost(65536), cost(10**6)) == (0.004, 0.006, 0.008, 0.008)
     assert from_rate_file(path, "2B")(1000) == 0.009
     with pytest.raises(SystemExit, match="no rows of figure 'chunk' for model '4B'"):
@@ -118,6 +118,7 @@ def test_the_benchmark_writes_its_json_and_skips_the_plot_without_matplotlib(
                  "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["simulated"] is True and "not a GPU measurement" in doc["note"]
+    assert doc["gpu"] == "cpu" and doc["commit"] and doc["date"]  # flat costs: no GPU measured them
     assert [(r["ration_pct"], r["chunk_ms"]) for r in doc["rows"]] == [(0, 35), (2, 35), (0, 3), (2, 3)]
     for r in doc["rows"]:
         assert {"policy", "ration_pct", "chunk_ms", "fresh_share", "p50_behind", "p90_behind", "spent_pct"} <= set(r)

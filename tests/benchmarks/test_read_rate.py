@@ -26,13 +26,14 @@ def test_cpu_smoke_run_writes_every_figure_and_an_exact_session(shared_data, tmp
     session = shared_data / SESSION
     code = main(["--out", str(tmp_path), "--device", "cpu", "--quick", "--session", str(session)])
     out = capsys.readouterr().out
-    files = list(tmp_path.glob("read_rate-*-quick-cpu.json"))
+    files = list(tmp_path.glob("read_rate*.json"))
     assert len(files) == 1, out
     r = json.loads(files[0].read_text())
     assert code == 0, out
 
     assert {"gpu", "commit", "date", "torch", "exact", "startup", "matmul_tflops", "rows"} <= r.keys()
-    assert r["gpu"] == "cpu" and r["commit"] and r["date"][:10] in files[0].name
+    assert files[0].name == "read_rate-quick-cpu.json"
+    assert r["gpu"] == "cpu" and r["commit"] and r["date"]
     assert r["matmul_tflops"] > 0 and r["copy_tbps"] > 0
     assert r["notes"] == [], r["notes"]
 

@@ -3,7 +3,7 @@ of a KV head packed as rows, split over the keys, merged by log-sum-exp.
 
 Why our own kernel: a chunk is 512 queries against up to 200k keys at head dim 256 with 4 query
 heads per KV head. torch's flash (FA2) runs that at about 300 TFLOP/s on an H200, and cuDNN is
-slower (``benchmarks/attention_variants.py``). Packing the 4 query heads of a KV head as rows
+slower (``benchmarks/probes/attention_variants.py``). Packing the 4 query heads of a KV head as rows
 (``m = token * G + head``) makes every key tile serve 4x the rows, and splitting the keys fills
 the GPU's SMs when there are only 512 queries.
 

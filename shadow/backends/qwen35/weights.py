@@ -221,7 +221,7 @@ def weights_hash(folder: str | Path, cfg: Qwen35Config) -> str:
     removed): the name, its dtype, its shape, and its raw bytes as stored. Sharding, key prefix,
     file order and ignored parts (vision, MTP) do not enter it, so the same weights hash the same
     however they are packaged; any changed value changes it. The files are streamed in 16 MiB reads:
-    1.8 s for the 0.8B (1.5 GB) on a 2-core CPU (benchmarks/results/*cpu_weights_hash*).
+    1.8 s for the 0.8B (1.5 GB) on a 2-core CPU (benchmarks/results/cpu_weights_hash.json).
     """
     entries = scan(folder, cfg)
     digest = hashlib.blake2b(digest_size=32)

@@ -5,7 +5,7 @@ what ``shadow/data/kernels/fla_configs.json`` records (the shadow itself never a
 ``gdn_fla.py``). Also times one call, replayed in a CUDA graph, with the winners and with each
 kernel's first configuration.
 
-    python -m benchmarks.fla_tune --out DIR      # writes DIR/fla_tune.json; CUDA and fla-core only
+    python -m benchmarks.probes.fla_tune --out DIR      # writes DIR/fla_tune.json; CUDA and fla-core only
 """
 
 from __future__ import annotations

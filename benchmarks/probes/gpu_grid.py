@@ -1,7 +1,7 @@
 """Real sessions followed turn by turn on the GPU at the 0.8B shape: bit-equality with a fresh
 prefill on the same grid, and how far another grid (2,048 rows) lands.
 
-    python -m benchmarks.gpu_grid --turns .gpu/*.json --out results.json
+    python -m benchmarks.probes.gpu_grid --turns .gpu/*.json --out results.json
 
 ``--turns`` are rendered sessions saved by ``shadow.adapters.transcripts.save_turns`` (the raw
 transcripts do not travel to the GPU machine; the ids do). Random weights, bf16, fla kernels.

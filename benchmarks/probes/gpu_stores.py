@@ -1,6 +1,6 @@
 """Park and restore of 0.8B sessions on the GPU machine's disk: seconds, GB/s each way, bit-equality.
 
-    python -m benchmarks.gpu_stores --out results.json [--disk DIR]
+    python -m benchmarks.probes.gpu_stores --out results.json [--disk DIR]
 
 Sessions of 32k and 100k random ids are read on the 512 grid (bf16, fla), parked through the
 disk store (safetensors, fsync, rename) and restored to the GPU. Restore is timed twice: from the

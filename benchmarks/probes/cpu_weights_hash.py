@@ -1,6 +1,6 @@
 """Seconds to hash and to load a 0.8B-shape checkpoint on this CPU (random weights, bf16).
 
-    python -m benchmarks.cpu_weights_hash --out results.json
+    python -m benchmarks.probes.cpu_weights_hash --out results.json
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
   apart, merged by log-sum-exp, on flash or cuDNN: its error against flash, and whether it
   repeats bit for bit.
 
-    python -m benchmarks.attention_variants --out DIR      # writes DIR/attention_variants.json
+    python -m benchmarks.probes.attention_variants --out DIR      # writes DIR/attention_variants.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The model on the GPU at the real 0.8B shape: correctness against transformers + fla, the GDN
 kernel against the torch form, bit-determinism across processes, and chunk timings.
 
-    python -m benchmarks.gpu_model --out results.json
+    python -m benchmarks.probes.gpu_model --out results.json
 
 Random weights at the published shape (docs/model.md, "Sizes"), bf16. Writes one JSON with date, device and
 commit; prints a short table last.
@@ -168,7 +168,7 @@ def main() -> None:
         result["gdn_fla_vs_torch"] = compare_gdn()
         result["logits_vs_transformers_fla"] = compare_logits(ckpt)
         env = {**os.environ, "SHADOW_BENCH_CKPT": str(ckpt)}
-        digests = [json.loads(subprocess.run([sys.executable, "-m", "benchmarks.gpu_model", "--child"], env=env,
+        digests = [json.loads(subprocess.run([sys.executable, "-m", "benchmarks.probes.gpu_model", "--child"], env=env,
                                              check=True, capture_output=True, text=True).stdout.strip()
                               .splitlines()[-1]) for _ in range(2)]
         result["two_process_digests"] = digests

@@ -1,7 +1,7 @@
 """The attention variants on the GPU, each in a fresh process: first-session (cold) and second-
 session (warm) read rate, bit-exact turn-by-turn replay, and agreement between variants.
 
-    python -m benchmarks.gpu_attention --out results.json
+    python -m benchmarks.probes.gpu_attention --out results.json
 
 "mask": SDPA with an explicit boolean mask. "lower-right": SDPA with a bottom-right causal bias
 (flash / memory-efficient kernels, no mask tensor). 0.8B shape, random weights, bf16, grid 512.
@@ -80,7 +80,7 @@ def main() -> None:
         ckpt = str(write_checkpoint(Path(tmp) / "m", reference_shape("0.8B"), seed=0))
         for variant in ("mask", "lower-right"):
             out = os.path.join(tmp, variant + ".json")
-            subprocess.run([sys.executable, "-m", "benchmarks.gpu_attention", "--child", ckpt, variant, out],
+            subprocess.run([sys.executable, "-m", "benchmarks.probes.gpu_attention", "--child", ckpt, variant, out],
                            check=True)
             result["variants"][variant] = json.loads(Path(out).read_text())
             print(json.dumps(result["variants"][variant], indent=1), flush=True)

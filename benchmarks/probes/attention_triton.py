@@ -5,7 +5,7 @@ For each depth and row count: ms per call (CUDA events), the largest error again
 reference for both kernels, whether a repeat gives the same bits, and the host time of one call.
 Several fixed launch shapes are timed; the first is the module's default.
 
-    python -m benchmarks.attention_triton --out DIR      # writes DIR/attention_triton.json
+    python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from benchmarks.attention_variants import event_ms
 from benchmarks.common import environment
+from benchmarks.probes.attention_variants import event_ms
 from shadow.backends.qwen35 import attention
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256

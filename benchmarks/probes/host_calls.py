@@ -5,7 +5,7 @@ waits on the device between rounds: a call made right after the wait runs on col
 slowed core). What ``ab_cost.py`` sees a call cost beside a decoding model, less its chunks, is to
 be compared with these.
 
-    python -m benchmarks.host_calls [--out DIR]      # prints; with --out writes DIR/host_calls.json
+    python -m benchmarks.probes.host_calls [--out DIR]      # prints; with --out writes DIR/host_calls.json
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ ab_cost), ``off_ref`` / ``wait_ref`` (a fixed Python loop timed right after the 
 tell cold caches from work), ``wait_spin`` (the host polls an event before reading its token),
 ``wait_nogc`` (the collector off).
 
-    python -m benchmarks.round_stages --raw DIR --out DIR     # CUDA only; writes DIR/round_stages.json
+    python -m benchmarks.probes.round_stages --raw DIR --out DIR     # CUDA only; writes DIR/round_stages.json
 """
 from __future__ import annotations
 

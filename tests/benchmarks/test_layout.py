@@ -1,0 +1,75 @@
+"""benchmarks/ as its users meet it: the scripts a user runs at the top, each saying how to run it;
+one-off probes under probes/, still importable; results/ holding the newest run of each benchmark
+under a stable name with its date, commit and GPU, older runs in results/history/."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.common import keep_newest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+# what a user runs; the other top-level modules are their parts (each says whose)
+USER_SCRIPTS = ("read_rate", "freshness", "ab_cost", "spans")
+
+
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+
+
+@pytest.mark.parametrize("name", USER_SCRIPTS)
+def test_each_user_script_says_how_to_run_it(name: str) -> None:
+    assert f"python -m benchmarks.{name}" in _docstring(BENCH / f"{name}.py")
+
+
+@pytest.mark.parametrize("path", sorted((BENCH / "probes").glob("*.py")), ids=lambda p: p.stem)
+def test_each_probe_imports_and_says_how_to_run_it(path: Path) -> None:
+    if path.stem != "__init__":
+        assert f"python -m benchmarks.probes.{path.stem}" in _docstring(path)
+    try:
+        importlib.import_module(f"benchmarks.probes.{path.stem}" if path.stem != "__init__" else "benchmarks.probes")
+    except ModuleNotFoundError as e:  # an optional GPU extra (fla, triton) absent here
+        if e.name is None or e.name.split(".")[0] not in {"fla", "triton"}:
+            raise
+        pytest.skip(f"{path.stem} needs {e.name}, absent here")
+
+
+def test_the_top_holds_no_probe() -> None:
+    top = {p.stem for p in BENCH.glob("*.py")} - {"__init__"}
+    parts = {"common", "read_rate_exact", "read_rate_floor", "read_rate_peer", "read_rate_steps",
+             "freshness_sim", "timelines", "ab_engine"}
+    assert top == set(USER_SCRIPTS) | parts
+
+
+def test_every_newest_result_records_date_commit_and_gpu() -> None:
+    results = sorted((BENCH / "results").glob("*.json"))
+    names = {p.name for p in results}
+    assert {"read_rate.json", "freshness.json", "ab_cost.json", "ab_cost-overlap.json"} <= names
+    for path in results:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        missing = {"date", "commit", "gpu"} - set(doc)
+        assert not missing, f"{path.name} lacks {sorted(missing)}"
+        assert not path.stem[:4].isdigit(), f"{path.name}: a stable name carries no date"
+
+
+def test_the_readme_cites_only_files_that_exist() -> None:
+    import re
+
+    for doc in (BENCH / "README.md", BENCH / "FRESHNESS.md"):
+        for cited in re.findall(r"`results/([^`*]+?)`", doc.read_text(encoding="utf-8")):
+            assert (BENCH / "results" / cited).exists(), f"{doc.name} cites results/{cited}"
+
+
+def test_a_new_run_moves_the_one_before_to_history(tmp_path: Path) -> None:
+    (tmp_path / "freshness.json").write_text(json.dumps({"commit": "abcdef0123", "date": "d", "gpu": "g"}))
+    (tmp_path / "freshness.png").write_bytes(b"png")
+    keep_newest(tmp_path / "freshness.json", (".png",))
+    assert not (tmp_path / "freshness.json").exists() and not (tmp_path / "freshness.png").exists()
+    assert json.loads((tmp_path / "history" / "freshness_abcdef0.json").read_text())["commit"] == "abcdef0123"
+    assert (tmp_path / "history" / "freshness_abcdef0.png").read_bytes() == b"png"
+    keep_newest(tmp_path / "freshness.json")  # nothing there: nothing moves
