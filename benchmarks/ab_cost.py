@@ -237,10 +237,10 @@ def drain(service: Any, names: Sequence[str], grid: int, timeout_s: float) -> tu
     took = time.perf_counter() - t0
     got = {}
     for n in names:
-        s = shadow.session_status(n) or {}
-        got[n] = {"ids": int(s.get("ids", 0)), "committed": int(s.get("committed", 0)),
-                  "read_all": int(s.get("committed", 0)) == int(s.get("ids", 0)) // grid * grid,
-                  "rollbacks": int(s.get("rollbacks", 0))}
+        s = shadow.session_status(n)
+        ids, committed, rollbacks = (s.ids, s.committed, s.rollbacks) if s is not None else (0, 0, 0)
+        got[n] = {"ids": ids, "committed": committed, "read_all": committed == ids // grid * grid,
+                  "rollbacks": rollbacks}
         service.forget(n)
     return took, got
 

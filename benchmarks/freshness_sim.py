@@ -137,7 +137,7 @@ class FacadeView:
 
     def committed(self, session: str) -> int:
         status = self.shadow.session_status(session)
-        return 0 if status is None else int(status["committed"])
+        return 0 if status is None else status.committed
 
     def whole_chunk_pending(self) -> bool:
         return any(b >= self.shadow.grid for b in self.shadow.backlogs().values())

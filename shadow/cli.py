@@ -101,15 +101,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"session: {transcript.name} ({transcript.source_format}), {len(turns)} turns, "
           f"license {Path(transcript.license_path or '').name}; timeline compressed {args.speed:g}x")
     with BackgroundServer(create_app(container), settings.host, 0) as server, ShadowClient(server.url) as host:
-        _wait_for("the model to load", lambda: host.status()["slot"]["state"] in ("loaded", "failed"))
-        slot = host.status()["slot"]
-        if slot["state"] != "loaded":
-            print(f"the model did not load: {slot['error']}", file=sys.stderr)
+        _wait_for("the model to load", lambda: host.status().slot.state in ("loaded", "failed"))
+        slot = host.status().slot
+        if slot.state != "loaded":
+            print(f"the model did not load: {slot.error}", file=sys.stderr)
             return 1
-        print(f"service on {server.url}; model loaded in an idle window ({slot['load_s']:.2f} s)")
+        print(f"service on {server.url}; model loaded in an idle window ({slot.load_s or 0.0:.2f} s)")
         reports = replay_timeline(host, "demo", turns, args.grid, speed=args.speed)
         _wait_for("the idle window to catch up",
-                  lambda: host.status()["sessions"]["demo"]["backlog"] < args.grid)
+                  lambda: host.status().sessions["demo"].backlog < args.grid)
         answer = host.ask("demo", DEMO_QUESTION, ["A", "B", "C"])
         status = host.status()
         hold = host.add_hold()  # the idle window stays shut while the state is compared
@@ -125,19 +125,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
                      str(r.behind_at_start), "yes" if r.fresh else "no", "yes" if r.rollback else "",
                      str(r.ration_chunks), f"{r.ration_spent_ms:.1f}"])
     print(_table(rows))
-    w = status["windows"]
-    print(f"chunks read: idle window {w['idle']['chunks']} in {w['idle']['windows']} windows "
-          f"({w['idle']['spent_ms']:.0f} ms), ration {w['ration']['chunks']} in {w['ration']['windows']} "
-          f"slices ({w['ration']['spent_ms']:.0f} ms)")
+    w = status.windows
+    print(f"chunks read: idle window {w.idle.chunks} in {w.idle.windows} windows "
+          f"({w.idle.spent_ms:.0f} ms), ration {w.ration.chunks} in {w.ration.windows} "
+          f"slices ({w.ration.spent_ms:.0f} ms)")
     print(f"fresh (less than one {args.grid}-row chunk behind) at {sum(r.fresh for r in reports)} of "
           f"{len(reports)} turn starts (the first turn starts a new session)")
-    s = status["sessions"]["demo"]
-    print(f"session: {s['ids']} ids, {s['committed']} read, {len(s.get('checkpoints', []))} checkpoints, "
-          f"{s.get('rollbacks', 0)} rollbacks; state equals a fresh prefill, bit for bit: "
+    s = status.sessions["demo"]
+    print(f"session: {s.ids} ids, {s.committed} read, {len(s.checkpoints)} checkpoints, "
+          f"{s.rollbacks} rollbacks; state equals a fresh prefill, bit for bit: "
           f"{'yes' if equal else f'NO ({worst:.3g} in {where})'}")
-    probs = ", ".join(f"{k}={v:.3f}" for k, v in answer["probabilities"].items())
-    print(f"question: done? -> {answer['label']} ({probs}); {answer['behind']} ids behind, "
-          f"{answer['latency_ms']:.0f} ms")
+    probs = ", ".join(f"{k}={v:.3f}" for k, v in answer.probs.items())
+    print(f"question: done? -> {answer.label} ({probs}); {answer.behind} ids behind, "
+          f"{answer.latency_ms:.0f} ms")
     chunks = [x for x in spans if x["name"] == "shadow.chunk"]
     by_window = {k: sum(1 for x in chunks if x["attributes"]["shadow.window"] == k) for k in ("idle", "ration")}
     print(f"trace: {trace} ({len(spans)} spans: {len(chunks)} chunks, {by_window['idle']} idle and "

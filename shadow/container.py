@@ -154,10 +154,11 @@ def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Calla
 
 
 def _ration(slot: Slot, telemetry: Telemetry, clock: Callable[[], float],
-            settings: ShadowSettings) -> RationedScheduler:
+            settings: ShadowSettings, activity: HostActivity) -> RationedScheduler:
     from shadow.backends.schedulers import RationedScheduler
 
-    return RationedScheduler(slot, telemetry, clock, share=settings.ration, slice_s=settings.slice_ms / 1e3)
+    return RationedScheduler(slot, telemetry, clock, share=settings.ration, slice_s=settings.slice_ms / 1e3,
+                             activity=activity)
 
 
 def _activity(clock: Callable[[], float]) -> HostActivity:
@@ -196,7 +197,7 @@ class Container(containers.DeclarativeContainer):
     slot = providers.Singleton(_slot, settings, shadow.provider, profiles, clock)
     router = providers.Singleton(_router, settings, clock, telemetry)
     idle = providers.Singleton(_idle, slot, activity, telemetry, clock, settings, router)
-    ration = providers.Singleton(_ration, slot, telemetry, clock, settings)
+    ration = providers.Singleton(_ration, slot, telemetry, clock, settings, activity)
     narrator = providers.Singleton(_narrator, slot, settings, clock, telemetry, ration)
     service = providers.Singleton(_service, settings, slot, activity, profiles, idle, ration, telemetry, router,
                                   clock, narrator)

@@ -105,7 +105,7 @@ def main() -> None:
                 r = sh2048.ask(name + "/g2048", q, choices)
                 kl = sum(pv * math.log(pv / max(r.probs[c], 1e-30)) for c, pv in p.probs.items() if pv > 0)
                 probes.append({"choices": n, "top_512": p.label, "top_2048": r.label, "kl": max(kl, 0.0),
-                               "ask_ms": p.lag_ms})
+                               "ask_ms": p.latency_ms})
             row["grid_2048_vs_512"]["probes"] = probes
             row["grid_2048_vs_512"]["same_top"] = sum(x["top_512"] == x["top_2048"] for x in probes)
             row["grid_2048_vs_512"]["max_kl"] = max(x["kl"] for x in probes)

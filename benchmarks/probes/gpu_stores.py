@@ -71,7 +71,7 @@ def main() -> None:
                 sh.restore(name)
                 torch.cuda.synchronize()
                 restore_s = time.perf_counter() - t0
-                assert sh.status()["sessions"][name]["where"] == "resident" and not sh.disk.refused
+                assert sh.status().sessions[name].where == "resident" and not sh.disk.refused
                 equal, worst, _ = compare(sh.export_state(name), before)
                 row[attempt] = {"file_bytes": size, "park_s": park_s, "park_GBps": size / park_s / 1e9,
                                 "restore_s": restore_s, "restore_GBps": size / restore_s / 1e9,

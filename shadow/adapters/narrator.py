@@ -41,10 +41,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shadow.core.errors import ShadowError
-from shadow.core.host import TurnTimeline
+from shadow.core.records import ChunkRead, TurnTimeline
 from shadow.core.scheduling import Clock, NullTelemetry, Telemetry, fits, ration_budget
 from shadow.core.session import grid_line_at_or_below
-from shadow.core.shadow import ChunkRead, Shadow
+from shadow.core.shadow import Shadow
 from shadow.core.slot import Slot
 
 from .tokens import ENDOFTEXT, IM_END, THINK_END, get_tokens
@@ -79,6 +79,24 @@ class Narration:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class NarratorStatus:
+    """The narrator's slices: summaries written, skipped (``budget``: still waiting when the turn
+    finished; ``not_loaded``), waiting, the time they used, the last one's cost."""
+
+    share: float
+    max_tokens: int
+    summaries: int
+    failed: int
+    skipped: dict[str, int]
+    waiting: int
+    spent_ms: float
+    last_cost_ms: float | None
+    subscribers: int
+    last: list[Narration]
+    errors: list[str]
 
 
 @dataclass
@@ -122,7 +140,7 @@ class Narrator:
         self.failed = 0
         self.spent_s = 0.0
         self.skipped: Counter[str] = Counter()
-        self.last: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.last: deque[Narration] = deque(maxlen=keep)
         self.errors: deque[str] = deque(maxlen=8)
         self._mu = threading.Lock()
         self._turns: dict[str, _TurnBook] = {}
@@ -278,7 +296,7 @@ class Narrator:
             span.set("gen_ai.usage.output_tokens", len(ids))
         with self._mu:
             self.summaries += 1
-            self.last.append(n.as_dict())
+            self.last.append(n)
         return n
 
     def _spend(self, book: _TurnBook, cost: float, fork: float | None, chunks: list[ChunkRead],
@@ -302,11 +320,11 @@ class Narrator:
             except Exception as err:  # a host's callback must not break Qwen's round
                 self.errors.append(f"a narration callback failed: {type(err).__name__}: {err}")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> NarratorStatus:
         with self._mu:
-            return {"share": self.share, "max_tokens": self.max_tokens, "summaries": self.summaries,
-                    "failed": self.failed, "skipped": dict(self.skipped),
-                    "waiting": sum(len(b.waiting) for b in self._turns.values()),
-                    "spent_ms": self.spent_s * 1e3,
-                    "last_cost_ms": None if self.last_cost_s is None else self.last_cost_s * 1e3,
-                    "subscribers": len(self._subscribers), "last": list(self.last), "errors": list(self.errors)}
+            return NarratorStatus(
+                share=self.share, max_tokens=self.max_tokens, summaries=self.summaries, failed=self.failed,
+                skipped=dict(self.skipped), waiting=sum(len(b.waiting) for b in self._turns.values()),
+                spent_ms=self.spent_s * 1e3,
+                last_cost_ms=None if self.last_cost_s is None else self.last_cost_s * 1e3,
+                subscribers=len(self._subscribers), last=list(self.last), errors=list(self.errors))

@@ -29,12 +29,14 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from shadow.core.errors import ShadowError
+from shadow.core.protocols import Asker
 from shadow.core.scheduling import NullTelemetry, Telemetry, ask_span
 from shadow.core.session import grid_line_at_or_below
-from shadow.core.shadow import Shadow
 
 from .tokens import IM_END
 
@@ -61,6 +63,44 @@ class RouterQuestion:
     prompt_len: int = 0
     fresh: bool | None = None  # the host's router decided the class on this turn (False: carried forward)
     ids: array[int] = field(default_factory=lambda: array("I"))  # the prompt up to the insertion point
+
+
+@dataclass(slots=True)
+class RouterRecord:
+    """One router question: its answer, or the error that stopped it (the fields of the other are
+    ``UNSET``, left out of the JSON). A journal line is this record and the question's ids."""
+
+    session: str
+    request_id: str
+    router_label: str | None
+    fresh: bool | None
+    behind_at_start: int
+    insertion: int
+    prompt_len: int
+    grid: int
+    choices: list[str]
+    error: str | UnsetType = UNSET
+    label: str | UnsetType = UNSET
+    probability: float | UnsetType = UNSET
+    probs: dict[str, float] | UnsetType = UNSET
+    agree: bool | UnsetType | None = UNSET
+    behind: int | UnsetType = UNSET
+    at_insertion: bool | UnsetType = UNSET
+    extra_ids: int | UnsetType = UNSET
+    lag_s: float | UnsetType = UNSET
+    latency_ms: float | UnsetType = UNSET
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStatus:
+    asked: int
+    compared: int
+    agreed: int
+    agreement: float | None
+    failed: int
+    waiting: int
+    journal: str | None
+    last: list[RouterRecord]
 
 
 def ids_sha256(ids: Sequence[int]) -> str:
@@ -104,23 +144,23 @@ class RouterShadow:
         self.agreed = 0
         self.compared = 0
         self.failed = 0
-        self.last: deque[dict[str, Any]] = deque(maxlen=self.keep)
+        self.last: deque[RouterRecord] = deque(maxlen=self.keep)
 
     def enqueue(self, q: RouterQuestion) -> None:
         with self._mu:
             self._waiting.append(q)
 
-    def _ready(self, shadow: Shadow) -> list[RouterQuestion]:
+    def _ready(self, shadow: Asker) -> list[RouterQuestion]:
         committed = shadow.committed_rows()
         grid = shadow.grid
         with self._mu:
             return [q for q in self._waiting
                     if committed.get(q.session, -1) >= grid_line_at_or_below(q.insertion, grid)]
 
-    def pending(self, shadow: Shadow) -> bool:
+    def pending(self, shadow: Asker) -> bool:
         return bool(self._ready(shadow))
 
-    def answer(self, shadow: Shadow, busy: Callable[[], bool]) -> None:
+    def answer(self, shadow: Asker, busy: Callable[[], bool]) -> None:
         for q in self._ready(shadow):
             if busy():
                 return
@@ -130,12 +170,10 @@ class RouterShadow:
                 self._waiting.remove(q)
             self._ask(shadow, q)
 
-    def _ask(self, shadow: Shadow, q: RouterQuestion) -> None:
-        record: dict[str, Any] = {"session": q.session, "request_id": q.request_id,
-                                  "router_label": q.router_label, "fresh": q.fresh,
-                                  "behind_at_start": q.behind_at_start, "insertion": q.insertion,
-                                  "prompt_len": q.prompt_len, "grid": shadow.grid,
-                                  "choices": list(q.choices)}
+    def _ask(self, shadow: Asker, q: RouterQuestion) -> None:
+        record = RouterRecord(session=q.session, request_id=q.request_id, router_label=q.router_label,
+                              fresh=q.fresh, behind_at_start=q.behind_at_start, insertion=q.insertion,
+                              prompt_len=q.prompt_len, grid=shadow.grid, choices=list(q.choices))
         with ask_span(self.telemetry, "router", q.session, q.choices) as span:
             try:
                 pos = shadow.position(q.session)
@@ -146,7 +184,7 @@ class RouterShadow:
                 answer = shadow.ask(q.session, q.question, q.choices, at=at)
             except ShadowError as err:
                 self.failed += 1
-                record["error"] = str(err)
+                record.error = str(err)
                 span.failed(err)
             else:
                 self.asked += 1
@@ -154,24 +192,24 @@ class RouterShadow:
                 if agree is not None:
                     self.compared += 1
                     self.agreed += int(agree)
-                record.update(label=answer.label, probability=answer.probs[answer.label], probs=answer.probs,
-                              agree=agree, behind=answer.behind, at_insertion=at is not None,
-                              extra_ids=0 if at is not None else held - q.insertion,
-                              lag_s=self.clock() - q.asked_at, latency_ms=answer.lag_ms)
+                record.label, record.probability, record.probs = answer.label, answer.probs[answer.label], answer.probs
+                record.agree, record.behind, record.at_insertion = agree, answer.behind, at is not None
+                record.extra_ids = 0 if at is not None else held - q.insertion
+                record.lag_s, record.latency_ms = self.clock() - q.asked_at, answer.latency_ms
                 span.answered(answer)
         self.last.append(record)
         if self.journal is not None:
             self._write(q, record)
 
-    def _write(self, q: RouterQuestion, record: dict[str, Any]) -> None:
+    def _write(self, q: RouterQuestion, record: RouterRecord) -> None:
         assert self.journal is not None
         question = q.question if isinstance(q.question, str) else list(q.question)
         # One writer at a time: a line's kept ids refer to the line before it in the file.
         with self._journal_mu:
             base = self._base.pop(q.session, None)
             keep = common_prefix(base, q.ids) if base is not None else 0
-            line = {**record, "question": question, "ids": {"keep": keep, "add": q.ids[keep:].tolist()},
-                    "ids_sha256": ids_sha256(q.ids)}
+            line = {**msgspec.to_builtins(record), "question": question,
+                    "ids": {"keep": keep, "add": q.ids[keep:].tolist()}, "ids_sha256": ids_sha256(q.ids)}
             self.journal.parent.mkdir(parents=True, exist_ok=True)
             with self.journal.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(line, separators=(",", ":")) + "\n")
@@ -180,10 +218,10 @@ class RouterShadow:
             while len(self._base) > self.bases:
                 self._base.popitem(last=False)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> RouterStatus:
         with self._mu:
             waiting = len(self._waiting)
-        return {"asked": self.asked, "compared": self.compared, "agreed": self.agreed,
-                "agreement": self.agreed / self.compared if self.compared else None,
-                "failed": self.failed, "waiting": waiting,
-                "journal": str(self.journal) if self.journal else None, "last": list(self.last)}
+        return RouterStatus(asked=self.asked, compared=self.compared, agreed=self.agreed,
+                            agreement=self.agreed / self.compared if self.compared else None,
+                            failed=self.failed, waiting=waiting,
+                            journal=str(self.journal) if self.journal else None, last=list(self.last))

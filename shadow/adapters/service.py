@@ -35,29 +35,29 @@ it) and replayed when it is; a question then answers 503 until the model is ther
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from array import array
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from shadow.core.errors import BadInput, ShadowError, UnknownSession
-from shadow.core.host import FeedResult, Host, HostActivity, RoundResult, TurnTimeline
+from shadow.core.host import Host, HostActivity
 from shadow.core.profiles import Profiles, ShadowBlock
 from shadow.core.protocols import Ration
+from shadow.core.records import Answer, ChunkRead, FeedResult
 from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ask_span
 from shadow.core.session import Position
 from shadow.core.settings import ShadowSettings
-from shadow.core.shadow import Answer, ChunkRead, Shadow
+from shadow.core.shadow import Shadow
 from shadow.core.slot import Slot
 
 from .narrator import Narration, Narrator
-from .rounds import OpenRound, OpenRounds
-from .router import RouterQuestion, RouterShadow, insertion_point
+from .rounds import OpenRounds
+from .router import RouterShadow
+from .status import AnswerRecord, Status, assemble
+from .turns import HostTurns
 
 Renderer = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None, bool | None], list[int]]
 
@@ -78,13 +78,28 @@ def render_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappi
             from None
 
 
+@dataclass(frozen=True, slots=True)
+class Narrated:
+    """A summary asked for on top of a session (``narrate``): the decoded text, its ids."""
+
+    session: str
+    text: str
+    ids: list[int]
+    latency_ms: float
+
+
 @dataclass
 class _Queued:
     prompt: list[int]
     outputs: list[int] = field(default_factory=list)
 
 
-class ShadowService:
+class ShadowService(HostTurns):
+    """The host's verbs (``turns.py``), the feeds, the profiles, the questions and the status.
+
+    Every call about a session reaches the facade through ``_settled``: the ids its running
+    request's quiet rounds kept are fed first, so nothing reads a session short of them."""
+
     def __init__(self, settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles,
                  idle: Scheduler, ration: Ration, telemetry: Telemetry | None = None,
                  router: RouterShadow | None = None, render: Renderer = render_messages,
@@ -102,39 +117,44 @@ class ShadowService:
         self.render = render
         self.clock = clock
         self.stats = {"idle": WindowStats(), "ration": WindowStats()}
-        self.answers: deque[dict[str, Any]] = deque(maxlen=keep_answers)
+        self.answers: deque[AnswerRecord] = deque(maxlen=keep_answers)
         self.errors: deque[str] = deque(maxlen=8)
         self._mu = threading.RLock()
-        self._live: Shadow | None = None
+        self.live: Shadow | None = None  # the facade once loaded and the kept feeds replayed (under _mu)
         self._queued: dict[str, _Queued] = {}
         self._profile_of: dict[str, str] = {}
         self.rounds = OpenRounds(self._feed_output)
-        self._loop = IdleLoop(self.idle_step, settings.idle_poll_s, on_error=self._error)
+        self.idle_loop = IdleLoop(self.idle_step, settings.idle_poll_s, on_error=self._error)
         slot.on_loaded(self._replay)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the idle loop (it loads the model in its first window when a profile wants it)."""
-        self._loop.start()
+        self.idle_loop.start()
 
     def stop(self) -> None:
         """Stop the idle loop, then a planned stop of the facade (it parks resident sessions)."""
-        self._loop.stop()
-        self._settle_all()  # what quiet rounds kept is fed, so it is parked with the rest
-        shadow = self._live
+        self.idle_loop.stop()
+        shadow = self._settled(None)  # what quiet rounds kept is fed, so it is parked with the rest
         if shadow is not None:
             shadow.close()
 
     def _error(self, err: BaseException) -> None:
         self.errors.append(f"{type(err).__name__}: {err}")
 
-    def _settle_all(self) -> None:
-        """Feed every id that quiet rounds kept (off a request's thread: an error goes to status)."""
-        try:
-            self.rounds.settle()
-        except ShadowError as err:
-            self._error(err)
+    def _settled(self, session: str | None) -> Shadow | None:
+        """The one way a session call reaches the facade: first the ids that ``session``'s quiet
+        rounds kept (every session's: ``None``, off a request's thread, so an error goes to status)
+        are fed, then the live facade (None before the model is loaded)."""
+        if session is not None:
+            self.rounds.settle(session)
+        else:
+            try:
+                self.rounds.settle()
+            except ShadowError as err:
+                self._error(err)
+        return self.live
 
     def idle_step(self) -> list[ChunkRead]:
         chunks = self.idle.step()
@@ -154,7 +174,7 @@ class ShadowService:
                 except ShadowError as err:
                     self._error(err)
             self._queued.clear()
-            self._live = shadow
+            self.live = shadow
 
     # ---- profiles --------------------------------------------------------------------------------
 
@@ -175,7 +195,7 @@ class ShadowService:
 
     # ---- feeding ---------------------------------------------------------------------------------
 
-    def _prompt_ids(self, ids: Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
+    def prompt_ids(self, ids: Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
                     tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None) -> list[int]:
         if (ids is None) == (messages is None):
             raise BadInput("give the prompt as ids or as messages, one of the two")
@@ -192,7 +212,7 @@ class ShadowService:
                 q = self._queued.get(session)
             n = len(q.prompt) + len(q.outputs) if q else 0
             return FeedResult(session, True, queued=True, ids=n, backlog=n, **kw)
-        held, committed = self._counts(shadow, session)
+        held, committed = self.counts(shadow, session)
         return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed, **kw)
 
     @staticmethod
@@ -203,13 +223,13 @@ class ShadowService:
             return None
 
     @staticmethod
-    def _counts(shadow: Shadow, session: str) -> tuple[int, int]:
+    def counts(shadow: Shadow, session: str) -> tuple[int, int]:
         try:
             return shadow.counts(session)
         except UnknownSession:
             return 0, 0
 
-    def _within_length(self, session: str, held: int, more: int) -> None:
+    def within_length(self, session: str, held: int, more: int) -> None:
         """A session's ids are bounded (``MAX_SESSION_IDS``): a feed past it is refused whole and the
         session stays as it was (its ids and its state grow with every feed, and nothing else ends it)."""
         limit = self.settings.max_session_ids
@@ -222,19 +242,19 @@ class ShadowService:
                     tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
                     profile: str | None = None) -> FeedResult:
         """A turn's whole prompt, as ids or as OpenAI-style messages (rendered with the template)."""
-        self.rounds.settle(session)
+        self._settled(session)  # the facade itself is read below, under the lock the replay takes
         name, block = self.block(session, profile)
-        prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
+        prompt = self.prompt_ids(ids, messages, tools, enable_thinking)
         if not prompt:
             raise BadInput("empty prompt")
-        self._within_length(session, 0, len(prompt))
+        self.within_length(session, 0, len(prompt))
         if self.slot.state in ("off", "failed"):
             return FeedResult(session, False, reason=self.slot.state)
         with self._mu:
             self._profile_of[session] = name
             if not block.follows:
                 return FeedResult(session, False, reason="profile")
-            shadow = self._live
+            shadow = self.live
             if shadow is None:
                 behind = sum(map(len, (self._queued[session].prompt, self._queued[session].outputs))) \
                     if session in self._queued else None
@@ -249,7 +269,7 @@ class ShadowService:
 
     def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
         """Qwen's output ids, appended (after those its running request's quiet rounds kept)."""
-        self.rounds.settle(session)
+        self._settled(session)
         return self._feed_output(session, ids)
 
     def _feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
@@ -259,149 +279,32 @@ class ShadowService:
             profile = self._profile_of.get(session)
             if profile is not None and not self.profiles.get(profile).follows:
                 return FeedResult(session, False, reason="profile")
-            shadow = self._live
+            shadow = self.live
             if shadow is None:
                 q = self._queued.get(session)
                 if q is None:
                     raise UnknownSession(f"unknown session {session!r}")
                 if any(not isinstance(i, int) or i < 0 for i in ids):
                     raise BadInput("output ids must be whole numbers >= 0")
-                self._within_length(session, len(q.prompt) + len(q.outputs), len(ids))
+                self.within_length(session, len(q.prompt) + len(q.outputs), len(ids))
                 q.outputs.extend(ids)
                 return self._result(None, session)
-        held, committed = self._counts(shadow, session)  # counted once: the host calls this every round
-        self._within_length(session, held, len(ids))
+        held, committed = self.counts(shadow, session)  # counted once: the host calls this every round
+        self.within_length(session, held, len(ids))
         shadow.feed_output(session, ids)
         held += len(ids)
         return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed)
 
-    # ---- the host interface ----------------------------------------------------------------------
+    # ---- the profile's word on a session ----------------------------------------------------------
 
-    def arrived(self, request_id: str) -> TurnTimeline:
-        return self.activity.record_arrived(request_id)
-
-    def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
-                messages: Sequence[Mapping[str, Any]] | None = None,
-                tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
-                profile: str | None = None, router: Mapping[str, Any] | None = None,
-                barrier: bool = True) -> tuple[TurnTimeline, FeedResult]:
-        """The request runs. Its prompt is checked first (a bad one changes nothing), then it waits
-        for the idle window's chunk in flight (``barrier``), then the prompt is fed."""
-        name, block = self.block(session, profile)
-        prompt = self._prompt_ids(ids, messages, tools, enable_thinking)
-        if not prompt:
-            raise BadInput("empty prompt")
-        self._within_length(session, 0, len(prompt))
-        turn = self.activity.record_started(request_id, session, len(prompt), name)
-        if barrier:
-            self.activity.out_of_the_way()
-        try:
-            fed = self.feed_prompt(session, prompt, profile=name)
-        except ShadowError:
-            self.activity.record_finished(request_id)
-            raise
-        if (router is not None and fed.followed and self.router is not None and block.router == "shadow"
-                and len(prompt) >= block.router_min_tokens):
-            at = insertion_point(prompt)
-            self.router.enqueue(RouterQuestion(
-                session, request_id, router["question"], list(router["choices"]), router.get("label"),
-                at, fed.behind_at_start or 0, self.clock(), len(prompt), fresh=router.get("fresh"),
-                ids=array("I", prompt[:at])))
-        return turn, fed
-
-    def first_token(self, request_id: str) -> TurnTimeline:
-        return self.activity.record_first_token(request_id)
-
-    def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
-        """Between two decode rounds: feed the round's output ids, then the narrator's slice, then
-        read within the ration. A round where a look would read nothing stays quiet: its ids are
-        checked and kept for the next look (``rounds.py``: what a waiting host pays per round)."""
-        entered = time.perf_counter()
-        open_ = self.rounds.get(request_id)
-        if open_ is not None and self._quiet(open_, ids) and self.rounds.add(open_, ids):
-            turn = self.activity.record_round_ended(request_id, len(ids))
-            turn.host_s += time.perf_counter() - entered
-            return RoundResult(request_id, 0, 0.0, turn.budget_s * 1e3, turn.spent_s * 1e3,
-                               open_.backlog + len(open_.pending))
-        turn = self.activity.turn(request_id)
-        session = turn.session
-        if session is None or turn.started_s is None:
-            raise BadInput(f"request {request_id!r} has not started")
-        follows = self._follows(session)
-        new = len(ids)
-        every, fed = self.rounds.take(request_id, session, ids, follows)
-        turn = self.activity.record_round_ended(request_id, new)
-        # the narrator first: a thought that just ended is summarised at its end, before the ration
-        # reads past it
-        narrated = self._narrate(turn, fed, every, final=False)
-        turn.budget_s = 0.0  # a session not followed gets no ration; a followed one, the scheduler's
-        chunks = self.ration.step(turn) if follows else []
-        if chunks:
-            self.stats["ration"].add(chunks)
-        shadow = self._live
-        live = fed is not None and fed.followed and not fed.queued
-        if live and not chunks and not narrated:
-            assert fed is not None
-            held, committed = fed.ids, fed.committed  # nothing read since the feed counted them
-        else:
-            held, committed = self._counts(shadow, session) if shadow is not None else (0, 0)
-        if live and shadow is not None:
-            self.rounds.keep(turn, session, held, held - committed)
-        turn.host_s += time.perf_counter() - entered
-        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
-                           turn.spent_s * 1e3, held - committed)
-
-    def _quiet(self, open_: OpenRound, ids: Sequence[int]) -> bool:
-        """A look at this round would read nothing: neither the ration (its own test, with the
-        backlog counted since the last look) nor the narrator wants it, and the ids would feed."""
-        shadow = self._live
-        if shadow is None or not open_.within(len(ids), self.settings.max_session_ids) or not shadow.accepts(ids):
-            return False
-        if self.ration.may_read(open_.turn, open_.backlog + len(open_.pending) + len(ids), shadow.grid):
-            return False
-        return self.narrator is None or not self.narrator.wants(open_.turn.request_id, ids)
-
-    def _follows(self, session: str) -> bool:
+    def follows(self, session: str) -> bool:
         with self._mu:
             profile = self._profile_of.get(session)
         if profile is None or self.slot.state in ("off", "failed"):
             return False
         return self.profiles.get(profile).follows
 
-    def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
-        """The request ended. Its account goes out as a ``shadow.turn`` span: the time its host
-        spent inside the shadow's calls during the decode, so that a trace alone tells what the
-        shadow cost a host that waits on its calls (an overlapped host pays only the chunks)."""
-        entered = time.perf_counter()
-        turn = self.activity.turn(request_id)
-        fed, new = None, len(ids)
-        if turn.session is not None:  # the quiet rounds' ids first
-            ids, fed = self.rounds.take(request_id, turn.session, ids, self._follows(turn.session))
-            # before the turn ends: the idle window stays shut meanwhile
-            self._narrate(turn, fed, ids, final=True)
-        done = self.activity.record_finished(request_id, new)
-        done.host_s += time.perf_counter() - entered
-        if done.session is not None and done.first_token_s is not None:
-            with self.telemetry.span("shadow.turn", {
-                    "gen_ai.conversation.id": done.session, "shadow.request.id": request_id,
-                    "shadow.turn.host_ms": done.host_s * 1e3, "shadow.turn.rounds": done.rounds,
-                    "shadow.turn.ration_ms": done.spent_s * 1e3, "shadow.turn.chunks": done.chunks}):
-                pass
-        return done
-
-    def _narrate(self, turn: TurnTimeline, fed: FeedResult | None, ids: Sequence[int], final: bool) -> bool:
-        """The narrator's slice: thoughts that ended in ``ids`` (fed at the session's end), then the
-        summaries that fit the turn's share (``shadow.adapters.narrator``). Returns whether it may
-        have read chunks (a thought waited)."""
-        if self.narrator is None or turn.session is None:
-            return False
-        if fed is not None and fed.followed and not fed.queued and self._narrates(turn.session):
-            self.narrator.output(turn, turn.session, fed.ids - len(ids), list(ids))
-        waited = self.narrator.waiting(turn.request_id) > 0
-        self.narrator.step(turn, final)
-        return waited
-
-    def _narrates(self, session: str) -> bool:
+    def narrates(self, session: str) -> bool:
         with self._mu:
             return session in self._profile_of and self.profiles.get(self._profile_of[session]).narrator == "on"
 
@@ -419,61 +322,41 @@ class ShadowService:
         if self.narrator is not None:
             self.narrator.close()
 
-    @contextmanager
-    def hold(self) -> Iterator[str]:
-        with self.activity.holding() as hold_id:
-            yield hold_id
-
-    def add_hold(self, ttl_s: float | None = None) -> str:
-        """A hold for a client: at most ``MAX_HOLDS`` live, none longer than ``MAX_HOLD_S`` (a
-        forgotten hold would keep the idle window shut)."""
-        if ttl_s is not None and ttl_s > self.settings.max_hold_s:
-            raise BadInput(f"ttl_s={ttl_s:g} is longer than QWEN38_SHADOW_MAX_HOLD_S={self.settings.max_hold_s:g}")
-        return self.activity.record_hold(ttl_s, limit=self.settings.max_holds)
-
     def forget(self, session: str) -> None:
         """Drop a session: its state, its parked file, its queued feeds, its profile."""
-        self.rounds.settle(session)
+        self._settled(session)
         with self._mu:
             queued = self._queued.pop(session, None) is not None
             self._profile_of.pop(session, None)
-            shadow = self._live
+            shadow = self.live
         if shadow is not None and session in shadow.sessions():
             shadow.forget(session)
         elif not queued:
             raise UnknownSession(f"unknown session {session!r}")
 
-    def release_hold(self, hold_id: str) -> None:
-        self.activity.record_hold_released(hold_id)
-
     # ---- questions -------------------------------------------------------------------------------
 
-    def _facade(self) -> Shadow:
-        shadow = self._live
+    def _facade(self, session: str) -> Shadow:
+        shadow = self._settled(session)
         if shadow is None:
             raise self._unavailable()
         return shadow
 
     def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
-        self.rounds.settle(session)
-        shadow = self._facade()
+        shadow = self._facade(session)
         with ask_span(self.telemetry, "ask", session, choices) as span:
             answer = shadow.ask(session, question, choices)
             span.answered(answer)
-        q = question if isinstance(question, str) else f"<{len(question)} ids>"
-        self.answers.append({"session": session, "question": q[:200], "choices": list(choices),
-                             "label": answer.label, "probs": answer.probs, "behind": answer.behind,
-                             "latency_ms": answer.lag_ms, "at": time.time()})
+        self.answers.append(AnswerRecord.of(answer, question, choices))
         return answer
 
-    def narrate(self, session: str, prompt: str, max_new: int = 64) -> tuple[str, list[int], float]:
+    def narrate(self, session: str, prompt: str, max_new: int = 64) -> Narrated:
         """The narrator's summary on top of the whole session (a profile with ``narrator: on``):
         a greedy fork decode; the session is untouched."""
         _, block = self.block(session, None)
         if block.narrator != "on":
             raise BadInput(f"the narrator is off for session {session!r}'s profile")
-        self.rounds.settle(session)
-        shadow = self._facade()
+        shadow = self._facade(session)
         from .tokens import get_tokens
 
         t0 = time.perf_counter()
@@ -482,42 +365,18 @@ class ShadowService:
                                                     "gen_ai.request.max_tokens": max_new}) as span:
             ids = shadow.decode(session, prompt, max_new)
             span.set("gen_ai.usage.output_tokens", len(ids))
-        return get_tokens().decode(ids), ids, (time.perf_counter() - t0) * 1e3
+        return Narrated(session, get_tokens().decode(ids), ids, (time.perf_counter() - t0) * 1e3)
 
     # ---- status ----------------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        self._settle_all()  # the counts below include what quiet rounds kept
-        shadow = self._live
-        facade: dict[str, Any] = shadow.status() if shadow is not None else {"sessions": {}}
-        sessions: dict[str, Any] = dict(facade.pop("sessions", {}))
+    def bookkeeping(self) -> tuple[dict[str, str], dict[str, int]]:
+        """(each session's profile, each queued session's ids): the service's own part of status."""
         with self._mu:
-            for name, q in self._queued.items():
-                n = len(q.prompt) + len(q.outputs)
-                sessions[name] = {"where": "queued", "ids": n, "committed": 0, "backlog": n}
-            for name, s in sessions.items():
-                s["profile"] = self._profile_of.get(name)
-        s = self.settings
-        return {
-            "slot": {**self.slot.as_dict(), "device": s.device, "dtype": s.dtype, "grid": s.grid},
-            "where": {"pid": os.getpid(), "host": s.host, "port": s.port, "dir": str(s.home), "disk": s.disk,
-                      "trace": s.trace_exporters, "trace_file": str(s.trace_path) if "jsonl" in s.trace_exporters
-                      else None},
-            "profiles": self.profiles.as_dict(),
-            "host": self.activity.snapshot(),
-            "windows": {k: v.as_dict() for k, v in self.stats.items()},
-            "idle_loop": {"running": self._loop.running, "ticks": self._loop.ticks},
-            "sessions": sessions,
-            "backlog": sum(int(v.get("backlog", 0)) for v in sessions.values()),
-            "bytes": sum(int(v.get("bytes_resident", v.get("bytes", 0))) + int(v.get("bytes_on_disk", 0))
-                         for v in sessions.values()),
-            "checkpoints": sum(len(v.get("checkpoints", [])) for v in sessions.values()),
-            "store": facade,
-            "router": self.router.status() if self.router is not None else None,
-            "narrator": self.narrator.status() if self.narrator is not None else None,
-            "answers": list(self.answers),
-            "errors": list(self.errors),
-        }
+            return dict(self._profile_of), {n: len(q.prompt) + len(q.outputs) for n, q in self._queued.items()}
+
+    def status(self) -> Status:
+        self._settled(None)  # the counts include what quiet rounds kept
+        return assemble(self)
 
 
 if TYPE_CHECKING:

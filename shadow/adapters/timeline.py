@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from shadow.core.host import Host
+from shadow.core.records import TurnTimeline
 
 from .transcripts import Turn
 
@@ -34,7 +35,7 @@ class TurnReport:
     ration_chunks: int = 0
     ration_spent_ms: float = 0.0
     rounds_detail: list[dict[str, Any]] = field(default_factory=list)
-    turn: dict[str, Any] = field(default_factory=dict)  # the host's view at the end (first token, spent)
+    turn: TurnTimeline | None = None  # the host's view at the end (first token, spent)
 
 
 def durations(turns: Sequence[Turn], speed: float) -> list[tuple[float, float]]:
@@ -81,6 +82,6 @@ def replay_timeline(host: Host, session: str, turns: Sequence[Turn], grid: int, 
             rep.ration_chunks += r.chunks
             rep.ration_spent_ms += r.spent_ms
             rep.rounds_detail.append(asdict(r))
-        rep.turn = host.finished(rid).as_dict()
+        rep.turn = host.finished(rid)
         reports.append(rep)
     return reports

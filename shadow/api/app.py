@@ -38,11 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -70,34 +69,20 @@ from litestar.status_codes import (
 )
 
 from shadow.adapters.narrator import Narration
-from shadow.adapters.service import ShadowService, ShadowUnavailable
+from shadow.adapters.service import Narrated, ShadowService, ShadowUnavailable
+from shadow.adapters.status import Status
 from shadow.core.errors import BadInput, ShadowError, TooMany, UnknownSession
-from shadow.core.host import FeedResult, TurnTimeline, UnknownRequest
+from shadow.core.host import UnknownRequest
 from shadow.core.profiles import ProfileError
+from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, TurnTimeline
 
 from . import models
 from .guard import Guard
-from .models import (
-    Arrived,
-    AskBody,
-    Asked,
-    Chat,
-    Fed,
-    Hold,
-    HoldBody,
-    NarrateBody,
-    Narrated,
-    Output,
-    Problem,
-    Prompt,
-    Rationed,
-    RequestRef,
-    Round,
-    Started,
-    StartedTurn,
-    Status,
-    Turn,
-)
+from .models import Arrived, AskBody, Chat, HoldBody, NarrateBody, Output, Prompt, RequestRef, Round, Started
+from .responses import Hold, Problem
+
+# what the routes answer: the layers' records as they are (their schemas are msgspec's, see below)
+ANSWERS = (Answer, FeedResult, TurnTimeline, StartedTurn, RoundResult, Status, Narrated, Hold, Problem)
 
 BASE = "/v1/conductor/shadow"
 KEEP_ALIVE_S = 15.0  # a comment line this often: a client that went away is noticed
@@ -141,7 +126,7 @@ def _exact_components(app: Litestar) -> None:
     """Litestar's generated schemas drop constraints nested in lists and unions (token ids' range,
     a prompt's minimum length) and ``additionalProperties: false``; msgspec's own JSON schema of
     the same structs keeps them, so the served components are msgspec's."""
-    structs = [getattr(models, n) for n in models.__all__]
+    structs = [getattr(models, n) for n in models.__all__] + list(ANSWERS)
     _, components = msgspec.json.schema_components(structs, ref_template="#/components/schemas/{name}")
     schema = app.openapi_schema
     assert schema.components.schemas is not None
@@ -161,35 +146,24 @@ def _prompt(p: list[int] | Chat) -> dict[str, Any]:
     return {"ids": p}
 
 
-def _fed(r: FeedResult) -> Fed:
-    return Fed(**asdict(r))
-
-
-def _turn(t: TurnTimeline) -> Turn:
-    return Turn(**t.as_dict())
-
-
 class ShadowController(Controller):
     path = BASE
     tags = ("shadow",)
 
     @post("/ask", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="Ask a typed question about a session")
-    def ask(self, data: AskBody, service: ShadowService) -> Asked:
-        a = service.ask(data.session, data.question, data.choices)
-        return Asked(session=data.session, label=a.label, probabilities=a.probs, behind=a.behind,
-                     latency_ms=a.lag_ms)
+    def ask(self, data: AskBody, service: ShadowService) -> Answer:
+        return service.ask(data.session, data.question, data.choices)
 
     @get("/status", responses=GUARDED, sync_to_thread=True,
          summary="The slot, every session's read position, the windows")
     def status(self, service: ShadowService) -> Status:
-        return msgspec.convert(service.status(), Status)
+        return service.status()
 
     @post("/narrate", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The narrator's summary on top of a session")
     def narrate(self, data: NarrateBody, service: ShadowService) -> Narrated:
-        text, ids, ms = service.narrate(data.session, data.prompt, data.max_new)
-        return Narrated(session=data.session, text=text, ids=ids, latency_ms=ms)
+        return service.narrate(data.session, data.prompt, data.max_new)
 
     @get("/narration", responses=GUARDED, summary="The narrator's summaries, as server-sent events")
     async def narration(self, service: ShadowService, session: str | None = None) -> ServerSentEvent:
@@ -217,7 +191,7 @@ class ShadowController(Controller):
                         continue
                     if n is None:
                         return
-                    yield ServerSentEventMessage(data=json.dumps(n.as_dict()), event="narration",
+                    yield ServerSentEventMessage(data=msgspec.json.encode(n).decode(), event="narration",
                                                  id=f"{n.session}/{n.thought}")
             finally:
                 stop()
@@ -238,13 +212,13 @@ class FeedController(Controller):
 
     @post("/prompt", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="A turn's whole prompt (ids or messages)")
-    def prompt(self, data: Prompt, service: ShadowService) -> Fed:
-        return _fed(service.feed_prompt(data.session, profile=data.profile, **_prompt(data.prompt)))
+    def prompt(self, data: Prompt, service: ShadowService) -> FeedResult:
+        return service.feed_prompt(data.session, profile=data.profile, **_prompt(data.prompt))
 
     @post("/output", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="Qwen's output ids, appended")
-    def output(self, data: Output, service: ShadowService) -> Fed:
-        return _fed(service.feed_output(data.session, data.ids))
+    def output(self, data: Output, service: ShadowService) -> FeedResult:
+        return service.feed_output(data.session, data.ids)
 
 
 class HostController(Controller):
@@ -253,8 +227,8 @@ class HostController(Controller):
 
     @post("/arrived", responses=ERRORS, status_code=200,
           summary="A request is queued")
-    async def arrived(self, data: Arrived, service: ShadowService) -> Turn:
-        return _turn(service.arrived(data.request_id))
+    async def arrived(self, data: Arrived, service: ShadowService) -> TurnTimeline:
+        return service.arrived(data.request_id)
 
     @post("/started", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The request runs; answers once the idle window is out of the way")
@@ -265,22 +239,22 @@ class HostController(Controller):
                       "fresh": data.router.fresh}
         turn, fed = service.started(data.request_id, data.session, profile=data.profile, router=router,
                                     **_prompt(data.prompt))
-        return StartedTurn(turn=_turn(turn), fed=_fed(fed))
+        return StartedTurn(turn=turn, fed=fed)
 
     @post("/first-token", responses=ERRORS, status_code=200,
           summary="The turn's first token")
-    async def first_token(self, data: RequestRef, service: ShadowService) -> Turn:
-        return _turn(service.first_token(data.request_id))
+    async def first_token(self, data: RequestRef, service: ShadowService) -> TurnTimeline:
+        return service.first_token(data.request_id)
 
     @post("/round-ended", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="A decode round ended; reads within the ration before answering")
-    def round_ended(self, data: Round, service: ShadowService) -> Rationed:
-        return Rationed(**asdict(service.round_ended(data.request_id, data.ids)))
+    def round_ended(self, data: Round, service: ShadowService) -> RoundResult:
+        return service.round_ended(data.request_id, data.ids)
 
     @post("/finished", responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The turn is over")
-    def finished(self, data: Round, service: ShadowService) -> Turn:
-        return _turn(service.finished(data.request_id, data.ids))
+    def finished(self, data: Round, service: ShadowService) -> TurnTimeline:
+        return service.finished(data.request_id, data.ids)
 
     @post("/holds", responses={**ERRORS, 429: _spec("QWEN38_SHADOW_MAX_HOLDS holds are live already")},
           status_code=201,

@@ -1,22 +1,29 @@
 """An out-of-process host's side of the HTTP API: one method per endpoint (httpx).
 
 ``ShadowClient`` is the host interface (``shadow.core.host.Host``) over HTTP: the same verbs as
-the service in process, answering the same records (``TurnTimeline``, ``FeedResult``,
-``RoundResult``) built from the JSON the endpoints return."""
+the service in process, answering the same records (``TurnTimeline``, ``FeedResult``, ``RoundResult``,
+``Answer``, ``Status``, ...), decoded from the JSON the endpoints return by msgspec, strictly: an
+answer that does not fit its record is an error, not a half-filled one."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import httpx
+import msgspec
 
-from shadow.core.host import FeedResult, RoundResult, TurnTimeline
+from shadow.adapters.narrator import Narration
+from shadow.adapters.service import Narrated
+from shadow.adapters.status import Status
+from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, TurnTimeline
 
 from .app import BASE
+from .responses import Hold
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from shadow.core.host import Host
@@ -56,7 +63,7 @@ class ShadowClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> bytes:
         r = self.http.request(method, path, json=body)
         if r.status_code >= 400:
             try:
@@ -64,23 +71,32 @@ class ShadowClient:
             except ValueError:
                 detail = r.text
             raise ShadowHTTPError(r.status_code, str(detail))
-        return r.json() if r.content else None
+        return r.content
+
+    def _get(self, record: type[R], method: str, path: str, body: Mapping[str, Any] | None = None) -> R:
+        """The answer as its record."""
+        content = self._call(method, path, body)
+        try:
+            return msgspec.json.decode(content, type=record)
+        except msgspec.DecodeError as err:  # ValidationError included: the server's answer is not the record
+            raise ShadowHTTPError(200, f"{method} {path} answered what is not a {record.__name__}: {err}") from None
 
     # ---- questions and status ----
-    def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> dict[str, Any]:
+    def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
         q = question if isinstance(question, str) else list(question)
-        return dict(self._call("POST", "/ask", {"session": session, "question": q, "choices": list(choices)}))
+        return self._get(Answer, "POST", "/ask", {"session": session, "question": q, "choices": list(choices)})
 
-    def status(self) -> dict[str, Any]:
-        return dict(self._call("GET", "/status"))
+    def status(self) -> Status:
+        return self._get(Status, "GET", "/status")
 
-    def narrate(self, session: str, prompt: str, max_new: int = 64) -> dict[str, Any]:
-        return dict(self._call("POST", "/narrate", {"session": session, "prompt": prompt, "max_new": max_new}))
+    def narrate(self, session: str, prompt: str, max_new: int = 64) -> Narrated:
+        return self._get(Narrated, "POST", "/narrate", {"session": session, "prompt": prompt, "max_new": max_new})
 
     def narrations(self, session: str | None = None,
-                   on_open: Callable[[], None] | None = None) -> Iterator[dict[str, Any]]:
+                   on_open: Callable[[], None] | None = None) -> Iterator[Narration]:
         """The narrator's summaries as they come (the server-sent events of ``GET /narration``), one
-        dict each: the event's JSON with its ``event`` and ``id``. ``on_open`` is called once the
+        ``Narration`` each; an event that is not a ``narration`` named ``session/thought`` is an
+        error. ``on_open`` is called once the
         service has subscribed the stream: no summary after that is missed. Runs until the server
         ends the stream, or the caller stops iterating (the connection is then closed)."""
         params = {"session": session} if session is not None else None
@@ -101,21 +117,32 @@ class ShadowClient:
                     key, _, value = line.partition(":")
                     event[key] = value.removeprefix(" ")
                 elif "data" in event:
-                    yield {"event": event.get("event", "message"), "id": event.get("id"), **json.loads(event["data"])}
+                    yield self._narration(event)
                     event = {}
 
+    @staticmethod
+    def _narration(event: dict[str, str]) -> Narration:
+        try:
+            n = msgspec.json.decode(event["data"], type=Narration)
+        except msgspec.DecodeError as err:
+            raise ShadowHTTPError(200, f"/narration sent what is not a Narration: {err}") from None
+        if (event.get("event"), event.get("id")) != ("narration", f"{n.session}/{n.thought}"):
+            raise ShadowHTTPError(200, f"/narration sent event {event.get('event')!r} with id {event.get('id')!r}, "
+                                       f"not 'narration' with id '{n.session}/{n.thought}'")
+        return n
+
     # ---- feeding ----
-    def feed_prompt(self, session: str, prompt: Sequence[int] | Mapping[str, Any], **kw: Any) -> dict[str, Any]:
+    def feed_prompt(self, session: str, prompt: Sequence[int] | Mapping[str, Any], **kw: Any) -> FeedResult:
         """``prompt``: token ids, or ``{"messages": [...], "tools": [...], "enable_thinking": ...}``."""
         body = {"session": session, "prompt": dict(prompt) if isinstance(prompt, Mapping) else list(prompt), **kw}
-        return dict(self._call("POST", "/feed/prompt", body))
+        return self._get(FeedResult, "POST", "/feed/prompt", body)
 
-    def feed_output(self, session: str, ids: Sequence[int]) -> dict[str, Any]:
-        return dict(self._call("POST", "/feed/output", {"session": session, "ids": list(ids)}))
+    def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
+        return self._get(FeedResult, "POST", "/feed/output", {"session": session, "ids": list(ids)})
 
     # ---- the host interface ----
     def arrived(self, request_id: str) -> TurnTimeline:
-        return TurnTimeline(**self._call("POST", "/host/arrived", {"request_id": request_id}))
+        return self._get(TurnTimeline, "POST", "/host/arrived", {"request_id": request_id})
 
     def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
                 messages: Sequence[Mapping[str, Any]] | None = None,
@@ -128,21 +155,21 @@ class ShadowClient:
             body["profile"] = profile
         if router is not None:
             body["router"] = {k: (list(v) if k == "choices" else v) for k, v in router.items()}
-        got = self._call("POST", "/host/started", body)
-        return TurnTimeline(**got["turn"]), FeedResult(**got["fed"])
+        got = self._get(StartedTurn, "POST", "/host/started", body)
+        return got.turn, got.fed
 
     def first_token(self, request_id: str) -> TurnTimeline:
-        return TurnTimeline(**self._call("POST", "/host/first-token", {"request_id": request_id}))
+        return self._get(TurnTimeline, "POST", "/host/first-token", {"request_id": request_id})
 
     def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
-        return RoundResult(**self._call("POST", "/host/round-ended", {"request_id": request_id, "ids": list(ids)}))
+        return self._get(RoundResult, "POST", "/host/round-ended", {"request_id": request_id, "ids": list(ids)})
 
     def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
-        return TurnTimeline(**self._call("POST", "/host/finished", {"request_id": request_id, "ids": list(ids)}))
+        return self._get(TurnTimeline, "POST", "/host/finished", {"request_id": request_id, "ids": list(ids)})
 
     def add_hold(self, ttl_s: float | None = None) -> str:
         """A hold with ``ttl_s``, or the server's default time to live (600 s)."""
-        return str(self._call("POST", "/host/holds", {} if ttl_s is None else {"ttl_s": ttl_s})["hold_id"])
+        return self._get(Hold, "POST", "/host/holds", {} if ttl_s is None else {"ttl_s": ttl_s}).hold_id
 
     def release_hold(self, hold_id: str) -> None:
         self._call("DELETE", f"/host/holds/{hold_id}")

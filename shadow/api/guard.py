@@ -21,7 +21,7 @@ import msgspec
 
 from shadow.core.settings import ShadowSettings
 
-from .models import Problem
+from .responses import Problem
 
 BODY_METHODS = {b"POST", b"PUT", b"PATCH"}
 

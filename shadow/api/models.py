@@ -1,5 +1,6 @@
-"""Typed request and response bodies of the HTTP API (msgspec structs: validated on the way in,
-described in the OpenAPI schema). Unknown fields are refused, so a typo is a 400, not a no-op."""
+"""Typed request bodies of the HTTP API (msgspec structs: validated on the way in, described in the
+OpenAPI schema). Unknown fields are refused, so a typo is a 400, not a no-op. The answers are the
+layers' own records (``shadow.core.records``, ``shadow.adapters.status``): no copy of them here."""
 
 from __future__ import annotations
 
@@ -9,27 +10,11 @@ from msgspec import Meta, Struct
 
 from shadow.core.settings import MAX_HOLD_S
 
-from .status import (
-    AnswerRecord,
-    HostStatus,
-    IdleLoopStatus,
-    NarratorStatus,
-    ProfilesStatus,
-    RouterStatus,
-    SessionStatus,
-    SlotStatus,
-    StoreStatus,
-    Turn,
-    WhereStatus,
-    WindowsStatus,
-)
-
 MAX_IDS = 1_000_000  # more ids than any prompt a served Qwen takes
 QWEN35_VOCAB = 248_320  # the embedding rows of every Qwen3.5 size (248,077 ids in use, padded)
 
-__all__ = ["Arrived", "AskBody", "Asked", "Chat", "Fed", "Hold", "HoldBody", "Message", "NarrateBody", "Narrated",
-           "Output", "Problem", "Prompt", "Rationed", "RequestRef", "Round", "RouterAsk", "Started", "StartedTurn",
-           "Status", "Turn"]
+__all__ = ["Arrived", "AskBody", "Chat", "HoldBody", "Message", "NarrateBody", "Output", "Prompt", "RequestRef",
+           "Round", "RouterAsk", "Started"]
 
 TokenId = Annotated[int, Meta(ge=0, lt=QWEN35_VOCAB, description="a Qwen3.5 token id")]
 Ids = Annotated[list[TokenId], Meta(max_length=MAX_IDS, description="Qwen3.5 token ids")]
@@ -74,43 +59,16 @@ class Output(Struct, forbid_unknown_fields=True, kw_only=True):
     ids: Ids
 
 
-class Fed(Struct, kw_only=True):
-    session: str
-    followed: bool
-    reason: str
-    queued: bool
-    ids: int
-    committed: int
-    backlog: int
-    behind_at_start: int | None
-    rollback: bool
-
-
 class AskBody(Struct, forbid_unknown_fields=True, kw_only=True):
     session: Name
     question: Text | Ids
     choices: Labels
 
 
-class Asked(Struct, kw_only=True):
-    session: str
-    label: str
-    probabilities: dict[str, float]
-    behind: int
-    latency_ms: float
-
-
 class NarrateBody(Struct, forbid_unknown_fields=True, kw_only=True):
     session: Name
     prompt: Text
     max_new: Annotated[int, Meta(ge=1, le=128)] = 64
-
-
-class Narrated(Struct, kw_only=True):
-    session: str
-    text: str
-    ids: list[int]
-    latency_ms: float
 
 
 class RouterAsk(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -145,47 +103,6 @@ class Round(Struct, forbid_unknown_fields=True, kw_only=True):
     ids: Ids = []
 
 
-class StartedTurn(Struct, kw_only=True):
-    turn: Turn
-    fed: Fed
-
-
-class Rationed(Struct, kw_only=True):
-    request_id: str
-    chunks: int
-    spent_ms: float
-    budget_ms: float
-    turn_spent_ms: float
-    backlog: int
-
-
 class HoldBody(Struct, forbid_unknown_fields=True, kw_only=True):
     ttl_s: Annotated[float, Meta(gt=0, le=MAX_HOLD_S, description=(
         f"seconds the hold lives; at most {MAX_HOLD_S:g}, or QWEN38_SHADOW_MAX_HOLD_S when that is lower"))] = 600.0
-
-
-class Hold(Struct, kw_only=True):
-    hold_id: str
-
-
-class Status(Struct, kw_only=True, forbid_unknown_fields=True):
-    slot: SlotStatus
-    where: WhereStatus
-    profiles: ProfilesStatus
-    host: HostStatus
-    windows: WindowsStatus
-    idle_loop: IdleLoopStatus
-    sessions: dict[str, SessionStatus]
-    backlog: int
-    bytes: int
-    checkpoints: int
-    store: StoreStatus
-    router: RouterStatus | None
-    narrator: NarratorStatus | None
-    answers: list[AnswerRecord]
-    errors: list[str]
-
-
-class Problem(Struct, kw_only=True):
-    status_code: int
-    detail: str

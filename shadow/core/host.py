@@ -32,7 +32,9 @@ The locks:
   without waiting, and skips its turn when it is held.
 
 Every counter reads and writes under one internal lock, so an engine thread, the HTTP handlers
-and the idle loop may call in at any time.
+and the idle loop may call in at any time. A turn's ``TurnTimeline`` is written only here: the host's
+verbs (``record_*``), the ration's account (``record_ration``) and the time a host spent inside the
+shadow's calls (``record_host_time``); readers get the live record, which only these methods change.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .errors import BadInput, ShadowError, TooMany
+from .records import FeedResult, HostStatus, RoundResult, TurnTimeline
+
+__all__ = ["IDLE_RANK", "REQUEST_RANK", "BoxLock", "EngineLock", "FeedResult", "Host", "HostActivity", "RankedLock",
+           "RoundResult", "TurnTimeline", "UnknownRequest"]
 
 IDLE_RANK = 4
 REQUEST_RANK = 0
@@ -134,60 +140,6 @@ class RankedLock:
             yield
         finally:
             self.release()
-
-
-@dataclass
-class TurnTimeline:
-    """One request's turn as the host reported it; the ration's arithmetic reads it."""
-
-    request_id: str
-    session: str | None = None
-    profile: str | None = None
-    arrived_s: float | None = None
-    started_s: float | None = None
-    first_token_s: float | None = None
-    finished_s: float | None = None
-    prompt_len: int = 0
-    output_len: int = 0
-    rounds: int = 0
-    spent_s: float = 0.0  # ration used so far (measured device time of the chunks read)
-    budget_s: float = 0.0  # the last ration slice's budget, as the rationed scheduler enforced it
-    chunks: int = 0
-    last_event_s: float = 0.0
-    # wall time inside the shadow's calls from the first token on (round_ended, finished), chunks read
-    # there included: what a host that waits on each call pays during its decode
-    host_s: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-@dataclass
-class FeedResult:
-    """What a feed did to a session (or why it was not followed)."""
-
-    session: str
-    followed: bool
-    reason: str = ""  # why not followed: "off", "profile", "failed"
-    queued: bool = False  # kept until the model is loaded
-    ids: int = 0
-    committed: int = 0
-    backlog: int = 0
-    behind_at_start: int | None = None  # the backlog when the turn began (before this prompt)
-    rollback: bool = False
-
-
-@dataclass
-class RoundResult:
-    """What the ration read after a decode round: ``budget_ms`` is the budget the scheduler enforced
-    (a quiet round, at which nothing could be read, reports its request's last look's)."""
-
-    request_id: str
-    chunks: int = 0
-    spent_ms: float = 0.0
-    budget_ms: float = 0.0
-    turn_spent_ms: float = 0.0
-    backlog: int = 0
 
 
 class Host(Protocol):
@@ -287,16 +239,34 @@ class HostActivity:
             turn.last_event_s = now
             return turn
 
-    def record_finished(self, request_id: str, new_ids: int = 0) -> TurnTimeline:
+    def record_finished(self, request_id: str, new_ids: int = 0, host_s: float = 0.0) -> TurnTimeline:
+        """The turn is over; ``host_s``: the time the finishing call spent in the shadow before it."""
         now = self.clock()
         with self._mu:
             turn = self._turns.pop(request_id, None)
             if turn is None:
                 raise UnknownRequest(f"unknown request {request_id!r}")
             turn.output_len += new_ids
+            turn.host_s += host_s
             turn.finished_s = now
             self.finished_turns += 1
             return turn
+
+    def record_ration(self, request_id: str, spent_s: float, chunks: int, budget_s: float) -> TurnTimeline:
+        """The ration's slice for a running turn: ``spent_s`` (measured device time) and ``chunks``
+        added to the turn's, ``budget_s`` the budget it enforced (0 for a turn it could not read)."""
+        with self._mu:
+            turn = self._running(request_id)
+            turn.spent_s += spent_s
+            turn.chunks += chunks
+            turn.budget_s = budget_s
+            return turn
+
+    def record_host_time(self, request_id: str, seconds: float) -> None:
+        """Wall time the host spent inside a shadow call for this running request (the finishing call
+        passes its own to ``record_finished``)."""
+        with self._mu:
+            self._running(request_id).host_s += seconds
 
     def turn(self, request_id: str) -> TurnTimeline:
         with self._mu:
@@ -374,10 +344,8 @@ class HostActivity:
         self.engine_lock.release()
         return True
 
-    def snapshot(self) -> dict[str, Any]:
+    def status(self) -> HostStatus:
         waiting, running, holds = self.counts()
         with self._mu:
-            turns = [t.as_dict() for t in self._turns.values()]
-            hold_ids = sorted(self._holds)
-        return {"waiting": waiting, "running": running, "holds": holds, "hold_ids": hold_ids, "turns": turns,
-                "finished_turns": self.finished_turns}
+            turns = [replace(t) for t in self._turns.values()]  # copies: the live ones change under the lock
+            return HostStatus(waiting, running, holds, sorted(self._holds), turns, self.finished_turns)

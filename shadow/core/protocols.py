@@ -6,13 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
+from .records import Answer, ChunkRead, TurnTimeline
 from .session import Position, SessionBook
-
-if TYPE_CHECKING:
-    from .host import TurnTimeline
-    from .shadow import ChunkRead, Shadow
 
 Window = Literal["idle", "ration"]
 
@@ -133,13 +130,28 @@ class Ration(Scheduler, Protocol):
     def may_read(self, turn: TurnTimeline, backlog: int, grid: int, budget: float | None = None) -> bool: ...
 
 
+class Asker(Protocol):
+    """What a ``Questioner`` needs of the facade: where sessions are read to, and a question at a
+    position (``shadow.core.shadow.Shadow`` is one)."""
+
+    @property
+    def grid(self) -> int: ...
+
+    def committed_rows(self) -> dict[str, int]: ...
+
+    def position(self, session: str) -> Position: ...
+
+    def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str],
+            at: int | None = None) -> Answer: ...
+
+
 class Questioner(Protocol):
     """Questions that wait for the reader to reach a position, answered in the idle window (the
     router's, in shadow mode). ``answer`` asks the ready ones and stops as soon as ``busy()``."""
 
-    def pending(self, shadow: Shadow) -> bool: ...
+    def pending(self, shadow: Asker) -> bool: ...
 
-    def answer(self, shadow: Shadow, busy: Callable[[], bool]) -> None: ...
+    def answer(self, shadow: Asker, busy: Callable[[], bool]) -> None: ...
 
 
 class Span(Protocol):

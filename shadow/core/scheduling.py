@@ -23,9 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .host import TurnTimeline
 from .protocols import Scheduler, Span, Telemetry, Window
-from .shadow import Answer, ChunkRead
+from .records import Answer, ChunkRead, TurnTimeline, WindowStatus
 
 __all__ = ["Scheduler", "Span", "Telemetry", "Window"]  # the seams, defined with the others in protocols
 
@@ -64,7 +63,7 @@ class AskSpan:
         self.span.set("shadow.ask.label", answer.label)
         self.span.set("shadow.ask.probability", float(answer.probs[answer.label]))
         self.span.set("shadow.ask.behind", answer.behind)
-        self.span.set("shadow.ask.latency_ms", answer.lag_ms)
+        self.span.set("shadow.ask.latency_ms", answer.latency_ms)
 
     def failed(self, err: BaseException) -> None:
         self.span.set("shadow.ask.error", str(err))
@@ -121,10 +120,9 @@ class WindowStats:
             self.rows += sum(c.rows for c in chunks)
             self.spent_s += sum(c.cost_s for c in chunks)
 
-    def as_dict(self) -> dict[str, Any]:
+    def status(self) -> WindowStatus:
         with self._mu:
-            return {"windows": self.windows, "chunks": self.chunks, "rows": self.rows,
-                    "spent_ms": round(self.spent_s * 1e3, 3)}
+            return WindowStatus(self.windows, self.chunks, self.rows, round(self.spent_s * 1e3, 3))
 
 
 class IdleLoop:

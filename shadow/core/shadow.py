@@ -15,31 +15,17 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import BadInput, UnknownSession
 from .protocols import Prompter, Reader, StateStore
+from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
 from .residency import Residency
 from .session import Position, first_difference
 
+__all__ = ["MAX_CHOICES", "Answer", "ChunkRead", "Shadow"]
+
 MAX_CHOICES = 26
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    label: str
-    probs: dict[str, float]
-    behind: int  # ids of the session not yet committed when asked (the fork read them)
-    lag_ms: float
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRead:
-    session: str
-    first_row: int
-    rows: int
-    cost_s: float
 
 
 class Shadow:
@@ -281,8 +267,8 @@ class Shadow:
                 logits = self.reader.fork_logits(book, tensors, q, upto=at)
                 probs = self.reader.probabilities(logits, tokens)
         best = max(range(len(choices)), key=lambda i: probs[i])
-        return Answer(choices[best], dict(zip(choices, probs, strict=True)), behind,
-                      (time.perf_counter() - t0) * 1e3)
+        return Answer(session=session, label=choices[best], probs=dict(zip(choices, probs, strict=True)),
+                      behind=behind, latency_ms=(time.perf_counter() - t0) * 1e3)
 
     def decode(self, session: str, prompt: str | Sequence[int], max_new: int = 64,
                at: int | None = None) -> list[int]:
@@ -319,38 +305,26 @@ class Shadow:
     def sessions(self) -> list[str]:
         return self.residency.names()
 
-    def session_status(self, session: str) -> dict[str, Any] | None:
+    def session_status(self, session: str) -> SessionStatus | None:
         """One session's line of ``status()``; None for a session never fed. Cheap enough to ask
         on every decode round: it touches only that session."""
         with self._lock:
             if session not in self.residency.names():
                 return None
             p = self.residency.position(session)
-            return {
-                "where": self.residency.where(session),
-                "ids": p.length,
-                "committed": p.committed,
-                "backlog": p.pending,
-                "turns": p.turns,
-                "checkpoints": list(p.checkpoints),
-                "rollbacks": p.rollbacks,
-                "reread": p.reread,
-                "bytes_resident": self.residency.bytes_resident(session),
-                "bytes_on_disk": self.residency.bytes_on_disk(session),
-                "last_used": p.last_used,
-            }
+            return SessionStatus(
+                where=self.residency.where(session), ids=p.length, committed=p.committed, backlog=p.pending,
+                turns=p.turns, checkpoints=list(p.checkpoints), rollbacks=p.rollbacks, reread=p.reread,
+                bytes_resident=self.residency.bytes_resident(session),
+                bytes_on_disk=self.residency.bytes_on_disk(session), last_used=p.last_used)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ShadowStatus:
         with self._lock:
-            return {
-                "grid": self.grid,
-                "resident_bytes": self.resident_bytes(),
-                "cap_bytes": self.cap_bytes,
-                "disk": self.disk is not None,
-                "park_failures": self.residency.park_failures,
-                "last_store_error": self.residency.last_store_error,
-                "sessions": {name: self.session_status(name) for name in self.residency.names()},
-            }
+            store = StoreStatus(grid=self.grid, resident_bytes=self.resident_bytes(), cap_bytes=self.cap_bytes,
+                                disk=self.disk is not None, park_failures=self.residency.park_failures,
+                                last_store_error=self.residency.last_store_error)
+            lines = {name: self.session_status(name) for name in self.residency.names()}
+            return ShadowStatus(store, {name: line for name, line in lines.items() if line is not None})
 
     def close(self) -> None:
         """A planned stop: after the call in flight (the lock), park every resident session."""

@@ -59,7 +59,7 @@ def journal_dir(shared_data: Path, checkpoint: Path, tmp_path_factory: pytest.Te
                         router={"question": QUESTION, "choices": CHOICES, "label": label, "fresh": fresh})
             svc.finished(rid)  # the output comes back in the next turn's prompt
             svc.idle_step()  # reads up to the insertion point and asks
-            assert svc.router is not None and svc.router.status()["waiting"] == 0
+            assert svc.router is not None and svc.router.status().waiting == 0
     c.shadow().close()
     return home
 

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import json
 from array import array
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shadow.adapters.router import RouterQuestion, RouterShadow, ids_sha256
 from shadow.adapters.router_journal import read_journal, rebuild_ids
-
-
-@dataclass
-class _Answer:
-    label: str
-    probs: dict[str, float]
-    behind: int = 0
-    lag_ms: float = 1.0
+from shadow.core.records import Answer
 
 
 class _Position:
@@ -37,8 +29,8 @@ class _Asked:
     def position(self, session: str) -> _Position:
         return _Position(self.n)
 
-    def ask(self, session: str, question: Any, choices: list[str], at: int | None = None) -> _Answer:
-        return _Answer("A", {"A": 0.75, "B": 0.25})
+    def ask(self, session: str, question: Any, choices: list[str], at: int | None = None) -> Answer:
+        return Answer(session, "A", {"A": 0.75, "B": 0.25}, 0, 1.0)
 
 
 def _ask(router: RouterShadow, shadow: _Asked, session: str, prompt: list[int]) -> None:

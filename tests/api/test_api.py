@@ -7,11 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from litestar.testing import TestClient
 
+from shadow.adapters.status import Status
 from shadow.adapters.tokens import get_tokens
 from shadow.api.app import BASE, create_app
+from shadow.core.records import Answer
 from shadow.core.settings import MAX_HOLD_S, ShadowSettings
 from tests.conftest import GRID, FakeClock, Spans, ids, make_container, make_settings
 
@@ -50,14 +53,22 @@ def test_feed_ask_status_through_http(app_parts) -> None:
     assert st["backlog"] == s["backlog"] < GRID and st["bytes"] > 0 and st["where"]["dir"]
     r = post(client, "/ask", {"session": "s", "question": QUESTION, "choices": ["A", "B"]})
     body = r.json()
-    assert r.status_code == 200 and set(body["probabilities"]) == {"A", "B"} and body["behind"] == s["backlog"]
-    assert abs(sum(body["probabilities"].values()) - 1) < 1e-5 and body["latency_ms"] > 0
+    assert r.status_code == 200 and set(body["probs"]) == {"A", "B"} and body["behind"] == s["backlog"]
+    assert abs(sum(body["probs"].values()) - 1) < 1e-5 and body["latency_ms"] > 0 and body["session"] == "s"
     q_ids = get_tokens().encode("<|im_start|>user\nDone? A or B<|im_end|>\n<|im_start|>assistant\n")
     assert post(client, "/ask", {"session": "s", "question": q_ids, "choices": ["A", "B"]}).status_code == 200
     assert post(client, "/feed/output", {"session": "s", "ids": ids(70)}).json()["backlog"] == s["backlog"] + 70
     st = client.get(BASE + "/status").json()
     assert [a["label"] for a in st["answers"]] == [body["label"], st["answers"][1]["label"]]
     assert st["answers"][1]["question"] == f"<{len(q_ids)} ids>"
+    # the JSON is the layers' record, field for field: decoded strictly it is what the service built
+    got = msgspec.json.decode(client.get(BASE + "/status").content, type=Status)
+    want = svc.status()
+    assert (got.sessions, got.store, got.profiles, got.answers) == (want.sessions, want.store, want.profiles,
+                                                                    want.answers)
+    a, kept = msgspec.json.decode(r.content, type=Answer), svc.answers[0]
+    assert (a.session, a.label, a.probs, a.behind, a.latency_ms) == (
+        kept.session, kept.label, kept.probs, kept.behind, kept.latency_ms)
 
 
 @pytest.mark.parametrize("app_parts", [{"max_body_kb": 4}], indirect=True)
@@ -113,8 +124,15 @@ def test_openapi_is_served_and_typed(app_parts) -> None:
     assert ttl["maximum"] == MAX_HOLD_S == ShadowSettings(_env_file=None).max_hold_s == 3600
     assert post(client, "/host/holds", {"ttl_s": MAX_HOLD_S + 1}).status_code == 400
     assert post(client, "/host/holds", {"ttl_s": MAX_HOLD_S}).status_code == 201
-    turn = schema["components"]["schemas"]["HostStatus"]["properties"]["turns"]["items"]["$ref"]
-    assert turn.endswith("/Turn") and "TurnStatus" not in schema["components"]["schemas"]  # one turn model
+    # one record per concept: the host verbs' turn is status' turn, each answer the core's record
+    components = schema["components"]["schemas"]
+    turn = components["HostStatus"]["properties"]["turns"]["items"]["$ref"]
+    assert turn.endswith("/TurnTimeline") and not {"Turn", "TurnStatus", "Fed", "Rationed", "Asked"} & set(components)
+    answers = {p: paths[BASE + p]["post"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+               for p in ("/ask", "/feed/prompt", "/host/arrived", "/host/round-ended", "/host/started")}
+    assert {p: ref.rsplit("/", 1)[1] for p, ref in answers.items()} == {
+        "/ask": "Answer", "/feed/prompt": "FeedResult", "/host/arrived": "TurnTimeline",
+        "/host/round-ended": "RoundResult", "/host/started": "StartedTurn"}
 
 
 def test_holds_shut_the_idle_window_over_http(app_parts) -> None:

@@ -29,9 +29,9 @@ def test_a_host_feeds_a_real_session_over_http_and_the_spans_match(checkpoint: P
     container = make_container(settings)
     with BackgroundServer(create_app(container)) as server, ShadowClient(server.url) as host:
         assert server.port != settings.port and server.host == "127.0.0.1"
-        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load")
+        wait_until(lambda: host.status().slot.state == "loaded", "the model to load")
         reports = replay_timeline(host, "demo", turns, GRID, speed=5.0)
-        wait_until(lambda: host.status()["sessions"]["demo"]["backlog"] < GRID, "the idle window to catch up")
+        wait_until(lambda: host.status().sessions["demo"].backlog < GRID, "the idle window to catch up")
         answer = host.ask("demo", "Did the agent finish? A: yes, B: no. Answer with the letter.", ["A", "B"])
         status = host.status()
         with pytest.raises(ShadowHTTPError) as err:
@@ -39,19 +39,19 @@ def test_a_host_feeds_a_real_session_over_http_and_the_spans_match(checkpoint: P
         assert err.value.status_code == 404
     spans = read_jsonl(trace)  # the server's stop flushed and shut the exporter
 
-    session = status["sessions"]["demo"]
+    session = status.sessions["demo"]
     held = len(turns[-1].prompt_ids) + len(turns[-1].output_ids)
-    assert session["ids"] == held and session["committed"] == held // GRID * GRID
-    assert answer["behind"] == session["backlog"] and status["answers"][-1]["label"] == answer["label"]
-    assert status["host"]["finished_turns"] == len(turns) and status["host"]["running"] == 0
+    assert session.ids == held and session.committed == held // GRID * GRID
+    assert answer.behind == session.backlog and status.answers[-1].label == answer.label
+    assert status.host.finished_turns == len(turns) and status.host.running == 0
 
     # one span per chunk read, with every attribute, from both windows
     chunks = [s for s in spans if s["name"] == "shadow.chunk"]
-    windows = status["windows"]
-    assert len(chunks) == windows["idle"]["chunks"] + windows["ration"]["chunks"]
+    windows = status.windows
+    assert len(chunks) == windows.idle.chunks + windows.ration.chunks
     by_window = {w: [s for s in chunks if s["attributes"]["shadow.window"] == w] for w in ("idle", "ration")}
-    assert len(by_window["idle"]) == windows["idle"]["chunks"] > 0
-    assert len(by_window["ration"]) == windows["ration"]["chunks"] > 0
+    assert len(by_window["idle"]) == windows.idle.chunks > 0
+    assert len(by_window["ration"]) == windows.ration.chunks > 0
     for s in chunks:
         a = s["attributes"]
         assert set(a) >= CHUNK_ATTRIBUTES, set(a) ^ CHUNK_ATTRIBUTES
@@ -60,19 +60,20 @@ def test_a_host_feeds_a_real_session_over_http_and_the_spans_match(checkpoint: P
         assert a["shadow.chunk.first_row"] % GRID == 0 and a["shadow.chunk.device_ms"] > 0
         assert a["shadow.backlog_after"] >= 0 and s["end_ns"] >= s["start_ns"]
     last_committed = max(a["shadow.chunk.first_row"] + GRID for a in (s["attributes"] for s in chunks))
-    assert last_committed == session["committed"]
+    assert last_committed == session.committed
     assert sum(s["attributes"]["shadow.chunk.device_ms"] for s in chunks) == pytest.approx(
-        windows["idle"]["spent_ms"] + windows["ration"]["spent_ms"], rel=1e-6, abs=1e-3)
+        windows.idle.spent_ms + windows.ration.spent_ms, rel=1e-6, abs=1e-3)
 
     # the ration, read from the spans: within 2 % of the time since the first token, plus one chunk
     longest = max(s["attributes"]["shadow.chunk.device_ms"] for s in chunks)
     slices = [s for s in spans if s["name"] == "shadow.ration"]
     for r in reports:
-        rid = r.turn["request_id"]
+        assert r.turn is not None
+        rid = r.turn.request_id
         mine = [s for s in by_window["ration"] if s["attributes"]["shadow.request.id"] == rid]
         spent_ms = sum(s["attributes"]["shadow.chunk.device_ms"] for s in mine)
-        assert spent_ms == pytest.approx(r.turn["spent_s"] * 1e3, abs=1e-6) == pytest.approx(r.ration_spent_ms)
-        earned_ms = 0.02 * (r.turn["last_event_s"] - r.turn["first_token_s"]) * 1e3
+        assert spent_ms == pytest.approx(r.turn.spent_s * 1e3, abs=1e-6) == pytest.approx(r.ration_spent_ms)
+        earned_ms = 0.02 * (r.turn.last_event_s - (r.turn.first_token_s or 0.0)) * 1e3
         assert spent_ms <= earned_ms + longest
         for sl in (s for s in slices if s["attributes"]["shadow.request.id"] == rid):
             children = [s for s in mine if s["parent_id"] == sl["span_id"]]
@@ -81,8 +82,8 @@ def test_a_host_feeds_a_real_session_over_http_and_the_spans_match(checkpoint: P
             assert a["shadow.ration.spent_ms"] == pytest.approx(sum(
                 c["attributes"]["shadow.chunk.device_ms"] for c in children))
             assert a["shadow.ration.budget_ms"] <= 150.0
-    assert any(r.fresh for r in reports[1:]) or windows["ration"]["chunks"]  # the windows did read
+    assert any(r.fresh for r in reports[1:]) or windows.ration.chunks  # the windows did read
     asked, failed = (s for s in spans if s["name"] == "shadow.ask")
     assert failed["status"] == "ERROR" and failed["attributes"]["gen_ai.conversation.id"] == "nobody"
-    assert asked["attributes"]["shadow.ask.label"] == answer["label"]
+    assert asked["attributes"]["shadow.ask.label"] == answer.label
     assert asked["attributes"]["gen_ai.operation.name"] == "chat"

@@ -35,7 +35,7 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     home = tmp_path_factory.mktemp("fuzz")
     settings = make_settings(checkpoint, home, max_body_kb=64, idle_poll_s=0.05, idle_window_s=0.5)
     with BackgroundServer(create_app(make_container(settings))) as server, ShadowClient(server.url) as host:
-        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load")
+        wait_until(lambda: host.status().slot.state == "loaded", "the model to load")
         prompt, output = ids(5 * GRID + 11, 21), ids(40, 22)
         host.feed_prompt(CONTROL, prompt)
         host.feed_output(CONTROL, output)
@@ -93,13 +93,13 @@ def test_no_5xx_and_answers_as_documented(api_schema: Any, mode: GenerationMode)
 
 def test_nothing_lost(served: dict[str, Any]) -> None:
     host: ShadowClient = served["host"]
-    for hold in host.status()["host"]["hold_ids"]:  # holds the fuzzer left: the idle window reads again
+    for hold in host.status().host.hold_ids:  # holds the fuzzer left: the idle window reads again
         host.release_hold(hold)
     status = host.status()
-    assert status["errors"] == []
-    assert status["sessions"][CONTROL]["ids"] == len(served["ids"])
-    wait_until(lambda: host.status()["sessions"][CONTROL]["backlog"] < GRID, "the idle window to read the control",
+    assert status.errors == []
+    assert status.sessions[CONTROL].ids == len(served["ids"])
+    wait_until(lambda: host.status().sessions[CONTROL].backlog < GRID, "the idle window to read the control",
                poll_s=0.05)
-    assert host.status()["sessions"][CONTROL]["committed"] == len(served["ids"]) // GRID * GRID
+    assert host.status().sessions[CONTROL].committed == len(served["ids"]) // GRID * GRID
     answer = host.ask(CONTROL, QUESTION, ["A", "B"])
-    assert answer["behind"] == len(served["ids"]) % GRID
+    assert answer.behind == len(served["ids"]) % GRID

@@ -103,9 +103,10 @@ def test_one_summary_per_thought_within_the_share_and_the_state_untouched(
             assert n.estimate_ms is None  # nothing measured yet: it starts on any budget, first of its slice
         else:
             assert n.estimate_ms is not None and n.estimate_ms <= n.budget_ms
-    st = svc.status()["narrator"]
-    assert st["summaries"] == TURNS and st["skipped"] == {} and st["waiting"] == 0 and st["failed"] == 0
-    assert st["spent_ms"] == pytest.approx(sum(n.cost_ms for n in got))
+    st = svc.status().narrator
+    assert st is not None
+    assert st.summaries == TURNS and st.skipped == {} and st.waiting == 0 and st.failed == 0
+    assert st.spent_ms == pytest.approx(sum(n.cost_ms for n in got))
     marks = spans.all("shadow.narration")
     assert [s.attributes["shadow.narrator.spent_ms"] for s in marks] == [n.cost_ms for n in got]
     assert [s.attributes["shadow.narrator.budget_ms"] for s in marks] == [n.budget_ms for n in got]
@@ -131,7 +132,7 @@ def test_the_fork_leaves_every_state_tensor_as_it_was(checkpoint: Path, tmp_path
     assert shadow.position("s").pending + 1 < c.settings().grid  # so the narrator has no chunk to read
     clock.advance(30.0)
     svc.round_ended("r", thought[-1:])
-    assert svc.status()["narrator"]["summaries"] == 1
+    assert svc.status().narrator.summaries == 1
     assert shadow.position("s").committed == committed
     states_equal(shadow.export_state("s"), before)
     svc.finished("r")
@@ -153,7 +154,7 @@ def test_a_summary_waits_for_its_budget_and_is_skipped_when_the_turn_ends_first(
     out = turns[1].output_ids
     cut = out.index(THINK_END) + 1
     svc.round_ended("r1", out[:cut])
-    assert len(got) == 1 and svc.status()["narrator"]["waiting"] == 1
+    assert len(got) == 1 and svc.status().narrator.waiting == 1
     since = [0.0]
     for i in range(cut, len(out) - 1):
         clock.advance(1.0)
@@ -173,8 +174,9 @@ def test_a_summary_waits_for_its_budget_and_is_skipped_when_the_turn_ends_first(
     svc.first_token("r2")
     clock.advance(0.001)
     svc.finished("r2", turns[2].output_ids)
-    st = svc.status()["narrator"]
-    assert len(got) == 2 and st["summaries"] == 2 and st["skipped"] == {"budget": 1} and st["waiting"] == 0
+    st = svc.status().narrator
+    assert st is not None
+    assert len(got) == 2 and st.summaries == 2 and st.skipped == {"budget": 1} and st.waiting == 0
 
 
 def test_narrator_off_writes_nothing(checkpoint: Path, tmp_path: Path, clock: FakeClock, turns: list[Turn]) -> None:
@@ -184,7 +186,7 @@ def test_narrator_off_writes_nothing(checkpoint: Path, tmp_path: Path, clock: Fa
     got: list[Narration] = []
     svc.on_narration(got.append)
     feed_turn(svc, clock, "r0", "s", turns[0])
-    assert got == [] and svc.status()["narrator"]["summaries"] == 0
+    assert got == [] and svc.status().narrator.summaries == 0
 
 
 class Events:
@@ -193,7 +195,7 @@ class Events:
 
     def __init__(self, url: str, expect: int, session: str | None = None) -> None:
         self.expect = expect
-        self.got: list[dict[str, Any]] = []
+        self.got: list[Narration] = []
         self.subscribed = threading.Event()
         self.client = ShadowClient(url)
         self.thread = threading.Thread(target=self._read, args=(session,), daemon=True)
@@ -221,23 +223,23 @@ def test_narration_streams_as_server_sent_events(checkpoint: Path, tmp_path: Pat
     c = make_container(settings, clock)
     app = create_app(c) if front == "api" else create_proxy_app("http://127.0.0.1:9", c)
     with BackgroundServer(app) as server, ShadowClient(server.url) as host:
-        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load", 60)
+        wait_until(lambda: host.status().slot.state == "loaded", "the model to load", 60)
         mine = Events(server.url, 2, "s")
         other = Events(server.url, 1, "other")
-        assert host.status()["narrator"]["subscribers"] == 2
+        assert host.status().narrator.subscribers == 2
         feed_turn(host, clock, "r0", "s", turns[0])
         feed_turn(host, clock, "o0", "other", turns[0])
         feed_turn(host, clock, "r1", "s", turns[1])
         mine.join()
         other.join()
         # a client that went away is unsubscribed
-        wait_until(lambda: host.status()["narrator"]["subscribers"] == 0, "the streams to unsubscribe", 30)
-        summaries = [n for n in host.status()["narrator"]["last"] if n["session"] == "s"]
-    assert [(e["event"], e["id"], e["session"], e["thought"]) for e in mine.got] == [
-        ("narration", "s/1", "s", 1), ("narration", "s/2", "s", 2)]
-    assert [{k: v for k, v in e.items() if k not in ("event", "id")} for e in mine.got] == summaries
-    assert all("\n" not in e["text"] and len(e["text"]) <= MAX_CHARS for e in mine.got)
-    assert [(e["session"], e["request_id"]) for e in other.got] == [("other", "o0")]
+        wait_until(lambda: host.status().narrator.subscribers == 0, "the streams to unsubscribe", 30)
+        summaries = [n for n in host.status().narrator.last if n.session == "s"]
+    # (the client checks each event's name and id: "narration", "s/1")
+    assert [(e.session, e.thought) for e in mine.got] == [("s", 1), ("s", 2)]
+    assert mine.got == summaries
+    assert all("\n" not in e.text and len(e.text) <= MAX_CHARS for e in mine.got)
+    assert [(e.session, e.request_id) for e in other.got] == [("other", "o0")]
 
 
 def test_decode_at_a_thoughts_end_is_decoding_a_session_that_ends_there(checkpoint: Path, tmp_path: Path,

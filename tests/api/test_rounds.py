@@ -55,7 +55,7 @@ def test_the_ration_reads_at_the_rounds_its_test_allows_and_the_rest_stay_quiet(
         looked += not open_.pending
         read += r.chunks
         if k % 97 == 0:  # a status settles: its counts include every id reported so far
-            assert svc.status()["sessions"]["s"]["ids"] == len(prompt) + ROUND * (k + 1)
+            assert svc.status().sessions["s"].ids == len(prompt) + ROUND * (k + 1)
     assert read >= 6 and quiet > 300 and looked >= 6
     done = svc.finished("r1", [7, 8])
     assert done.output_len == len(out) + 2
@@ -91,7 +91,7 @@ def test_settles_from_other_threads_keep_the_order_of_the_rounds(checkpoint, tmp
 
     def watch() -> None:  # an HTTP client polling the status while the host decodes
         while not stop.is_set():
-            seen.append(svc.status()["sessions"]["s"]["ids"])
+            seen.append(svc.status().sessions["s"].ids)
 
     watcher = threading.Thread(target=watch)
     watcher.start()

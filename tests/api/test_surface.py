@@ -26,7 +26,7 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     settings = make_settings(checkpoint, tmp_path_factory.mktemp("surface"), idle_poll_s=0.05, **LIMITS)
     c = make_container(settings)
     with BackgroundServer(create_app(c)) as server, ShadowClient(server.url) as host:
-        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load")
+        wait_until(lambda: host.status().slot.state == "loaded", "the model to load")
         yield server, c
 
 
@@ -56,8 +56,8 @@ def test_bodies_are_decoded_strictly_and_deep_json_is_400(served) -> None:
         problem(raw(server, "/feed/output", '{"session": "strict", "ids": [1e3]}'), 400, "Expected `int`")
         problem(raw(server, "/host/holds", '{"ttl_s": "5"}'), 400, "Expected `float`, got `str`", "ttl_s")
         problem(raw(server, "/feed/output", '{"session": "strict", "ids": [17'), 400, "malformed")
-        assert host.status()["sessions"]["strict"]["ids"] == 100  # nothing of the refused bodies got in
-        assert host.status()["host"]["holds"] == 0
+        assert host.status().sessions["strict"].ids == 100  # nothing of the refused bodies got in
+        assert host.status().host.holds == 0
         assert raw(server, "/feed/output", '{"session": "strict", "ids": [17, 1000]}').status_code == 200
 
 
@@ -73,7 +73,7 @@ def test_only_json_from_our_host_and_no_foreign_browser_origin(served) -> None:
     r = httpx.get(server.url + BASE + "/status", headers={"host": "evil.example"})
     problem(r, 400, "evil.example")
     with ShadowClient(server.url) as host:
-        assert "origin" not in host.status()["sessions"]
+        assert "origin" not in host.status().sessions
     assert raw(server, "/feed/prompt", ok, origin=ALLOWED).status_code == 200
     assert raw(server, "/feed/prompt", ok, host=f"localhost:{server.port}").status_code == 200
 
@@ -88,7 +88,7 @@ def test_holds_are_bounded_in_count_and_time(served) -> None:
         with pytest.raises(ShadowHTTPError) as err:
             host.add_hold(5)
         assert err.value.status_code == 429 and "MAX_HOLDS" in err.value.detail
-        assert host.status()["host"]["holds"] == 2
+        assert host.status().host.holds == 2
         host.release_hold(a)
         c = host.add_hold(5)
         host.release_hold(b)
@@ -102,22 +102,22 @@ def test_a_session_is_bounded_and_kept_when_a_feed_is_refused(served) -> None:
         with pytest.raises(ShadowHTTPError) as err:
             host.feed_output("long", ids(11))
         assert err.value.status_code == 400 and "MAX_SESSION_IDS" in err.value.detail
-        assert host.status()["sessions"]["long"]["ids"] == 3 * GRID - 10
+        assert host.status().sessions["long"].ids == 3 * GRID - 10
         with pytest.raises(ShadowHTTPError) as err:
             host.feed_prompt("long", ids(3 * GRID + 1))
         assert err.value.status_code == 400
-        assert host.status()["sessions"]["long"]["ids"] == 3 * GRID - 10
+        assert host.status().sessions["long"].ids == 3 * GRID - 10
         host.feed_output("long", ids(10))  # up to the limit itself
-        assert host.status()["sessions"]["long"]["ids"] == 3 * GRID
+        assert host.status().sessions["long"].ids == 3 * GRID
 
 
 def test_delete_forgets_a_session(served) -> None:
     server, c = served
     with ShadowClient(server.url) as host:
         host.feed_prompt("gone / soon", ids(2 * GRID + 5))
-        assert "gone / soon" in host.status()["sessions"]
+        assert "gone / soon" in host.status().sessions
         host.forget("gone / soon")
-        assert "gone / soon" not in host.status()["sessions"]
+        assert "gone / soon" not in host.status().sessions
         assert "gone / soon" not in c.shadow().sessions()
         with pytest.raises(ShadowHTTPError) as err:
             host.forget("gone / soon")
@@ -128,18 +128,18 @@ def test_delete_removes_the_parked_file(checkpoint: Path, tmp_path: Path) -> Non
     disk = tmp_path / "parked"
     c = make_container(make_settings(checkpoint, tmp_path, disk=str(disk), idle_poll_s=0.05))
     with BackgroundServer(create_app(c)) as server, ShadowClient(server.url) as host:
-        wait_until(lambda: host.status()["slot"]["state"] == "loaded", "the model to load")
+        wait_until(lambda: host.status().slot.state == "loaded", "the model to load")
         for name, seed in (("kept", 1), ("gone", 2)):
             host.feed_prompt(name, ids(2 * GRID + 5, seed))
-        wait_until(lambda: host.status()["backlog"] < 2 * GRID, "the idle window to read both")
+        wait_until(lambda: host.status().backlog < 2 * GRID, "the idle window to read both")
         c.shadow().park("kept")
         [kept] = list(disk.rglob("*.safetensors"))
         c.shadow().park("gone")
         [gone] = set(disk.rglob("*.safetensors")) - {kept}
-        assert host.status()["sessions"]["gone"]["where"] == "parked"
+        assert host.status().sessions["gone"].where == "parked"
         host.forget("gone")
         assert not gone.exists() and kept.exists()  # its file, on disk, and only its
-        assert "gone" not in host.status()["sessions"] and host.status()["sessions"]["kept"]["where"] == "parked"
+        assert "gone" not in host.status().sessions and host.status().sessions["kept"].where == "parked"
 
 
 def test_the_token_guards_every_endpoint(checkpoint: Path, tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_the_token_guards_every_endpoint(checkpoint: Path, tmp_path: Path) -> No
         problem(raw(server, "/feed/prompt", '{"session": "t", "prompt": [1]}'), 401)
         assert httpx.get(server.url + BASE + "/status").headers["www-authenticate"] == "Bearer"
         with ShadowClient(server.url, token="s3cret-token") as host:
-            assert host.status()["slot"]["state"] in ("empty", "loading", "loaded")
+            assert host.status().slot.state in ("empty", "loading", "loaded")
             host.feed_prompt("t", [1, 2, 3])
         with ShadowClient(server.url) as bare, pytest.raises(ShadowHTTPError) as err:
             bare.status()

@@ -33,7 +33,7 @@ def test_over_the_cap_without_a_disk_reading_converges(ckpt):
     per_call = [len(sh.read()) for _ in range(20)]
     assert sum(per_call) <= 3 * (2000 // GRID), per_call  # what the ids need, read once
     assert per_call[1:] == [0] * 19
-    dropped = [n for n in "abc" if sh.status()["sessions"][n]["where"] == "dropped"]
+    dropped = [n for n in "abc" if sh.status().sessions[n].where == "dropped"]
     assert len(dropped) == 1 and sh.resident_bytes() <= sh.cap_bytes  # the cap did force one out
     # Its backlog is real, but the idle window is not asked to read it: the host no longer uses it.
     assert sh.backlogs()[dropped[0]] == 2000 and dropped[0] not in sh.readable_backlogs()

@@ -228,6 +228,6 @@ def test_backlogs_forget_and_warm_up(checkpoints):
     sh.read()
     assert sh.backlogs() == {"a": 36, "b": 30}
     sh.forget("a")
-    assert sh.sessions() == ["b"] and "a" not in sh.status()["sessions"]
+    assert sh.sessions() == ["b"] and "a" not in sh.status().sessions
     with pytest.raises(UnknownSession):
         sh.ask("a", [1], ["A"])

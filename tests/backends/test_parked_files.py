@@ -197,7 +197,7 @@ def test_a_kill_while_sessions_are_resident_leaves_their_last_park(ckpt, tmp_pat
         sh.park("a"); sh.park("b")
         sh.feed_prompt("a", {p_a!r} + ids_for(4, 200))  # both resident again and read past their parks
         sh.feed_output("b", {o_b!r}); sh.read()
-        assert sh.status()["sessions"]["b"]["where"] == "resident" and sh.position("b").committed == 384
+        assert sh.status().sessions["b"].where == "resident" and sh.position("b").committed == 384
         print("ready", flush=True)
         time.sleep(600)
     """)], stdout=subprocess.PIPE, text=True)

@@ -65,7 +65,7 @@ def test_model_loads_in_an_idle_window_soon_after_start_not_on_a_request(checkpo
         svc.ask("s", "Done? A: yes, B: no.", ["A", "B"])
     svc.finished("r1")
     assert svc.idle_step() == [] and c.slot().state == "loaded"  # the first idle window loads it
-    assert svc.status()["sessions"]["s"]["ids"] == len(prompt) + 8  # what came meanwhile, replayed
+    assert svc.status().sessions["s"].ids == len(prompt) + 8  # what came meanwhile, replayed
     assert len(svc.idle_step()) == 5
     assert svc.ask("s", "Done? A: yes, B: no.", ["A", "B"]).behind == 17
 
@@ -81,7 +81,7 @@ def test_no_profile_on_no_early_load(checkpoint, tmp_path, clock):
 
 def test_narrator_model_shares_one_slot_and_one_copy(checkpoint, tmp_path, clock):
     c, svc = loaded(checkpoint, tmp_path, clock, None, narrator_model=str(checkpoint))
-    assert svc.status()["slot"]["shared_with"] == ["narrator"]
+    assert svc.status().slot.shared_with == ["narrator"]
     assert c.shadow().reader.model is c.model()
 
 
@@ -132,7 +132,7 @@ def test_the_idle_window_reads_at_most_its_length(checkpoint, tmp_path, clock, s
         longest = max(ch.cost_s for ch in read)
         assert sum(ch.cost_s for ch in read) <= 0.03 + longest
     assert sum(ch.attributes["shadow.chunk.rows"] for ch in spans.chunks("idle")) == \
-        svc.status()["sessions"]["s"]["committed"]
+        svc.status().sessions["s"].committed
 
 
 def test_the_idle_window_stays_shut_while_busy(checkpoint, tmp_path, clock):
@@ -165,10 +165,10 @@ def test_over_the_cap_without_a_disk_the_idle_window_goes_quiet(checkpoint, tmp_
     assert per_step[0] <= 30 and per_step[1:] == [0] * 19  # the one dropped is not read again unused
     windows = len(spans.all("shadow.window"))
     assert windows == 1  # and no window opens for nothing once the host stops feeding
-    dropped = [n for n in "abc" if svc.status()["sessions"][n]["where"] == "dropped"]
+    dropped = [n for n in "abc" if svc.status().sessions[n].where == "dropped"]
     assert len(dropped) == 1
     svc.feed_output(dropped[0], ids(5, 9))  # used again: the idle window reads it
-    assert len(svc.idle_step()) == 10 and svc.status()["sessions"][dropped[0]]["committed"] == 10 * GRID
+    assert len(svc.idle_step()) == 10 and svc.status().sessions[dropped[0]].committed == 10 * GRID
 
 
 # ---- the ration ------------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_the_ration_spends_at_most_its_share_in_slices_prompt_then_output(checkp
     read = spans.chunks("ration")
     assert len(read) > 31  # the whole prompt, then output
     assert {s.attributes["gen_ai.conversation.id"] for s in read} == {"s"}
-    assert svc.status()["sessions"]["other"]["committed"] == 0
+    assert svc.status().sessions["other"].committed == 0
     rows = [s.attributes["shadow.chunk.first_row"] for s in read]
     assert rows == sorted(rows) and rows[0] == 0
     parts = [s.attributes["shadow.chunk.part"] for s in read]
@@ -235,7 +235,8 @@ def test_a_slice_is_at_most_150_ms_and_starts_whole_chunks_on_the_estimate(check
 def test_the_device_is_synchronised_before_the_first_chunk_of_a_slice(checkpoint, tmp_path, clock, spans):
     c, svc = loaded(checkpoint, tmp_path, clock, spans)
     events: list[str] = []
-    ration = RationedScheduler(c.slot(), SpanTelemetry(spans.provider), clock, sync=lambda: events.append("sync"))
+    ration = RationedScheduler(c.slot(), SpanTelemetry(spans.provider), clock, sync=lambda: events.append("sync"),
+                               activity=c.activity())
     original = ration.telemetry.chunk
 
     def chunk(*args: Any, **kw: Any) -> None:

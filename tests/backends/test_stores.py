@@ -90,7 +90,7 @@ class Stores(RuleBasedStateMachine):
     def restore(self, data):
         name = data.draw(st.sampled_from(sorted(self.model)))
         self.sh.restore(name)
-        assert self.sh.status()["sessions"][name]["where"] == "resident"  # the most recently used stays
+        assert self.sh.status().sessions[name].where == "resident"  # the most recently used stays
 
     @rule()
     def close_and_reopen(self):
@@ -128,14 +128,14 @@ def _parked(ckpt, disk, name="s", n=300):
     sh.feed_output(name, ids_for(2, 70))
     before = sh.export_state(name)
     sh.park(name)
-    assert sh.status()["sessions"][name]["where"] == "parked"
+    assert sh.status().sessions[name].where == "parked"
     return sh, before, next(disk.glob("*.safetensors"))
 
 
 def test_restore_is_bit_identical_and_continues(ckpt, tmp_path):
     sh, before, file = _parked(ckpt, tmp_path / "d")
-    status = sh.status()["sessions"]["s"]
-    assert status["bytes_resident"] == 0 and status["bytes_on_disk"] == file.stat().st_size
+    status = sh.status().sessions["s"]
+    assert status.bytes_resident == 0 and status.bytes_on_disk == file.stat().st_size
     after = sh.export_state("s")  # restores
     assert all(torch.equal(before[k], after[k]) for k in before)
     sh.feed_output("s", ids_for(3, 200))
@@ -200,7 +200,7 @@ def test_close_parks_everything_and_a_new_process_finds_it(ckpt, tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True)
     sh = make(ckpt, disk)
     assert sorted(sh.sessions()) == ["x", "y"]
-    assert sh.status()["sessions"]["y"]["where"] == "parked"
+    assert sh.status().sessions["y"].where == "parked"
     assert list(sh.session_ids("y")) == ids_for(1, 300) and sh.position("y").committed == 256
     for name in ("x", "y"):
         assert_exact(sh, name)
@@ -212,12 +212,12 @@ def test_cap_parks_least_recently_used_and_oversized_sessions(ckpt, tmp_path):
         sh.feed_prompt(name, ids_for(ord(name), 150))
         sh.read()
     st_ = sh.status()
-    assert st_["resident_bytes"] <= st_["cap_bytes"]
-    assert [st_["sessions"][n]["where"] for n in "abc"] == ["parked", "parked", "resident"]
+    assert st_.store.cap_bytes is not None and st_.store.resident_bytes <= st_.store.cap_bytes
+    assert [st_.sessions[n].where for n in "abc"] == ["parked", "parked", "resident"]
     tiny = make(ckpt, tmp_path / "e", cap_mib=0.1)  # every session is larger than this cap
     tiny.feed_prompt("big", ids_for(9, 200))
     tiny.read()
-    assert tiny.status()["sessions"]["big"]["where"] == "parked" and tiny.resident_bytes() == 0
+    assert tiny.status().sessions["big"].where == "parked" and tiny.resident_bytes() == 0
     assert tiny.ask("big", [1, 2], ["A", "B"]).label in "AB"
     assert_exact(tiny, "big")
 
@@ -227,7 +227,7 @@ def test_without_a_disk_evicted_sessions_are_dropped_and_read_again(ckpt):
     for name in ("a", "b"):
         sh.feed_prompt(name, ids_for(ord(name), 200))
         sh.read()
-    assert sh.status()["sessions"]["a"]["where"] == "dropped"
+    assert sh.status().sessions["a"].where == "dropped"
     assert sh.position("a").committed == 0 and sh.position("a").reread == 192
     sh.read("a")
     assert_exact(sh, "a")
@@ -280,8 +280,8 @@ def test_disk_full_drops_cleanly_and_keeps_serving(ckpt, tmp_path):
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, limit)
         status = sh.status()
-        assert status["park_failures"] == 1 and "could not park" in status["last_store_error"]
-        assert status["sessions"]["s"]["where"] == "dropped"
+        assert status.store.park_failures == 1 and "could not park" in status.store.last_store_error
+        assert status.sessions["s"].where == "dropped"
         assert [p.name for p in full.iterdir()] == [".lock"]  # nothing half-written (the folder's lock is not a file)
         assert sh.ask("s", [1, 2, 3], ["A", "B"]).label in "AB"  # the service answers
         sh.read()

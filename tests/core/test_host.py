@@ -129,3 +129,27 @@ def test_idle_loop_steps_until_stopped() -> None:
     assert seen.wait(5), "the idle loop did not step three times in 5 s"
     loop.stop()
     assert not loop.running and len(errors) == 1 and loop.ticks >= 3
+
+
+def test_a_turn_is_written_only_through_the_activity_and_its_lock() -> None:
+    clock = FakeClock()
+    a = HostActivity(clock=clock)
+    a.record_started("r", "s", 10)
+    turn = a.record_first_token("r")
+    assert a.record_ration("r", 0.004, 2, 0.010) is turn
+    a.record_ration("r", 0.001, 1, 0.003)
+    assert (turn.spent_s, turn.chunks, turn.budget_s) == (pytest.approx(0.005), 3, 0.003)  # summed; the last budget
+    a.record_host_time("r", 0.25)
+    a.record_host_time("r", 0.5)
+    done = a.record_finished("r", 4, host_s=0.125)
+    assert done.host_s == 0.875 and done.output_len == 4
+    with pytest.raises(UnknownRequest):  # a finished turn is no longer written
+        a.record_host_time("r", 1.0)
+    a.record_arrived("q")
+    with pytest.raises(BadInput, match="has not started"):
+        a.record_ration("q", 0.1, 1, 0.1)
+    # status hands out copies: what a reader holds does not change under the lock
+    a.record_started("q", "s")
+    snap = a.status().turns[0]
+    a.record_ration("q", 0.1, 1, 0.2)
+    assert snap.spent_s == 0.0 and a.turn("q").spent_s == 0.1

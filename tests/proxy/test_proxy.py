@@ -95,7 +95,7 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
                 with pytest.raises(httpx.RemoteProtocolError):
                     _stream(client, stack.url, _body(req), {**hdr, "x-test-fail-after": "8"})
                 stack.idle()
-                half = list(stack.service._live.session_ids(session))  # the prompt and what streamed
+                half = list(stack.service.live.session_ids(session))  # the prompt and what streamed
                 assert half[:len(turns[i].prompt_ids)] == turns[i].prompt_ids
                 assert len(turns[i].prompt_ids) < len(half) < len(turns[i].prompt_ids) + len(turns[i].output_ids)
             if i == 2:  # the client goes away mid-stream, then retries
@@ -104,14 +104,14 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
                     first = next(r.iter_raw())
                     assert first == sse_chunks(req.response)[0]
                 stack.idle()
-                half = list(stack.service._live.session_ids(session))
+                half = list(stack.service.live.session_ids(session))
                 assert half[:len(turns[i].prompt_ids)] == turns[i].prompt_ids
                 assert len(half) < len(turns[i].prompt_ids) + len(turns[i].output_ids)
             status, got = _stream(client, stack.url, _body(req), hdr)
             assert status == 200
             assert got == b"".join(sse_chunks(req.response)), f"turn {i}: the bytes differ from the upstream's"
             stack.idle()
-            ids = list(stack.service._live.session_ids(session))
+            ids = list(stack.service.live.session_ids(session))
             assert ids == turns[i].prompt_ids + turns[i].output_ids, f"turn {i}: the session's ids"
         # the headers are the upstream's (less Date, which each server stamps)
         via = client.post(stack.url + "/v1/chat/completions", json=_body(requests[-1], stream=False), headers=hdr)
@@ -120,10 +120,10 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
         assert via.status_code == direct.status_code == 200 and _headers(via) == _headers(direct)
         assert len(via.headers.get_list("date")) == 1
     stack.idle()
-    sh = stack.service._live
+    sh = stack.service.live
     ids = list(sh.session_ids(session))
     assert ids == turns[-1].prompt_ids + turns[-1].output_ids
-    wait_until(lambda: sh.session_status(session)["backlog"] < GRID, "the idle window to catch up")
+    wait_until(lambda: sh.session_status(session).backlog < GRID, "the idle window to catch up")
     with stack.service.hold():
         got_state, want_state = sh.export_state(session), sh.fresh_state(ids)
     assert got_state.keys() == want_state.keys()
@@ -131,7 +131,7 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
         assert got_state[name].equal(want_state[name]), name
     assert compare(got_state, want_state)[0]
     s = stack.service.status()
-    assert s["host"]["running"] == 0 and s["host"]["finished_turns"] == n + 3
+    assert s.host.running == 0 and s.host.finished_turns == n + 3
     assert stack.proxy.errors == []
 
 
@@ -149,7 +149,7 @@ def test_two_interleaved_sessions_without_a_header_are_told_apart_by_prefix(
                 stack.idle()
     names = stack.proxy.sessions.names()
     assert len(names) == 2
-    sh = stack.service._live
+    sh = stack.service.live
     for name, t in zip(names, transcripts, strict=True):
         last = render_turns(t, indices=range(n))[-1]
         assert list(sh.session_ids(name)) == last.prompt_ids + last.output_ids == stack.proxy.sessions.ids(name)
@@ -173,7 +173,7 @@ def test_other_paths_pass_through_and_failures_are_the_upstreams(shared_data: Pa
         status = client.get(stack.url + "/v1/conductor/shadow/status")
         assert status.status_code == 200 and "slot" in status.json()
     stack.idle()
-    assert stack.service.status()["host"]["running"] == 0
+    assert stack.service.status().host.running == 0
     stack.proxy.upstream = "http://127.0.0.1:9"  # nothing listens on the discard port
     with httpx.Client(timeout=60.0) as client:
         gone = client.get(stack.url + "/v1/models")

@@ -18,9 +18,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from shadow.core.host import TurnTimeline
+from shadow.core.host import HostActivity, TurnTimeline
+from shadow.core.records import ChunkRead
 from shadow.core.scheduling import SHARE, SLICE_S, Clock, NullTelemetry, Telemetry, Window, fits, ration_budget
-from shadow.core.shadow import ChunkRead
 from shadow.core.slot import Slot
 
 from .common import backlog_after, backlog_of, read_one
@@ -30,8 +30,10 @@ class RationedScheduler:
     window: Window = "ration"
 
     def __init__(self, slot: Slot, telemetry: Telemetry | None = None, clock: Clock = time.monotonic,
-                 share: float = SHARE, slice_s: float = SLICE_S, sync: Callable[[], None] | None = None) -> None:
+                 share: float = SHARE, slice_s: float = SLICE_S, sync: Callable[[], None] | None = None, *,
+                 activity: HostActivity) -> None:
         self.slot = slot
+        self.activity = activity  # the turn's only writer (its lock)
         self.telemetry = telemetry or NullTelemetry()
         self.clock = clock
         self.share = share
@@ -59,9 +61,10 @@ class RationedScheduler:
         the service reports is what was enforced."""
         if turn is None or turn.session is None:
             return []
-        budget = turn.budget_s = self.budget(turn)
+        budget = self.budget(turn)
         shadow = self.slot.get()
         if shadow is None or not self.may_read(turn, backlog_of(shadow, turn.session), shadow.grid, budget):
+            self.activity.record_ration(turn.request_id, 0.0, 0, budget)
             return []
         (self.sync or shadow.sync)()
         spent = 0.0
@@ -84,8 +87,7 @@ class RationedScheduler:
                 self.telemetry.chunk("ration", chunk, backlog_after(shadow, chunk), t0, t1,
                                      {"shadow.request.id": turn.request_id, "shadow.chunk.part": part,
                                       "shadow.chunk.estimate_ms": -1.0 if estimate is None else estimate * 1e3})
-            turn.spent_s += spent
-            turn.chunks += len(done)
+            self.activity.record_ration(turn.request_id, spent, len(done), budget)
             span.set("shadow.ration.spent_ms", spent * 1e3)
             span.set("shadow.ration.chunks", len(done))
         return done
