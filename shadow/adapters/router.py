@@ -36,7 +36,7 @@ from msgspec import UNSET, UnsetType
 from shadow.core.errors import ShadowError
 from shadow.core.protocols import Asker
 from shadow.core.scheduling import NullTelemetry, Telemetry, ask_span
-from shadow.core.session import grid_line_at_or_below
+from shadow.core.session import first_difference, grid_line_at_or_below
 
 from .tokens import IM_END
 
@@ -111,18 +111,6 @@ def ids_sha256(ids: Sequence[int]) -> str:
         packed = array("I", packed)
         packed.byteswap()
     return hashlib.sha256(packed.tobytes()).hexdigest()
-
-
-def common_prefix(a: array[int], b: array[int]) -> int:
-    """How many leading ids ``a`` and ``b`` share (a binary search over C-speed slice compares)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @dataclass
@@ -207,7 +195,7 @@ class RouterShadow:
         # One writer at a time: a line's kept ids refer to the line before it in the file.
         with self._journal_mu:
             base = self._base.pop(q.session, None)
-            keep = common_prefix(base, q.ids) if base is not None else 0
+            keep = first_difference(base, q.ids) if base is not None else 0
             line = {**msgspec.to_builtins(record), "question": question,
                     "ids": {"keep": keep, "add": q.ids[keep:].tolist()}, "ids_sha256": ids_sha256(q.ids)}
             self.journal.parent.mkdir(parents=True, exist_ok=True)

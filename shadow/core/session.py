@@ -14,18 +14,23 @@ No tensors here: the reader keeps the state these numbers describe.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 MAX_CHECKPOINTS = 6
+T = TypeVar("T")
 
 
 def grid_line_at_or_below(position: int, grid: int) -> int:
     return position // grid * grid
 
 
-def first_difference(a: list[int], b: list[int]) -> int:
-    """The first index where ``a`` and ``b`` differ, or the shorter length when one is a prefix."""
+def first_difference(a: Sequence[T], b: Sequence[T]) -> int:
+    r"""The first index where ``a`` and ``b`` differ, or the shorter length when one is a prefix: the
+    length of their common prefix. Both of one kind (lists, ``array``\ s of one typecode, strings):
+    slices are compared whole, at C speed. The one such count in the project (the facade's divergence
+    check, the router's journal, the transcripts' reuse)."""
     n = min(len(a), len(b))
     # the usual case on a request's path (one extends the other), in one C-speed compare
     if (a if n == len(a) else a[:n]) == (b if n == len(b) else b[:n]):

@@ -14,17 +14,17 @@ from shadow.adapters.transcripts import (
     load_turns,
     render_turns,
     save_turns,
-    shared_prefix,
     turns_to_json,
 )
+from shadow.core.session import first_difference
 
 
-def test_shared_prefix() -> None:
-    assert shared_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
-    assert shared_prefix([1, 2, 3], [1, 9, 3]) == 1
-    assert shared_prefix([], [1]) == 0 and shared_prefix("abcd", "abXd") == 2
+def test_first_difference_on_ids_and_text() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert first_difference([], [1]) == 0 and first_difference("abcd", "abXd") == 2
     a = list(range(1000))
-    assert shared_prefix(a, [*a[:777], -1, *a[778:]]) == 777
+    assert first_difference(a, [*a[:777], -1, *a[778:]]) == 777
 
 
 def test_turns_cache_round_trip(tmp_path: Path) -> None:

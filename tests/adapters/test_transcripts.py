@@ -18,13 +18,13 @@ from shadow.adapters.transcripts import (
     load_transcript,
     render_texts,
     render_turns,
-    shared_prefix,
     transcript_from_json,
     transcript_to_json,
     turns_from_json,
     turns_to_json,
 )
 from shadow.adapters.transcripts import claude_code_standin as standin
+from shadow.core.session import first_difference
 
 from .conftest import nfc
 
@@ -78,7 +78,7 @@ def extends(t: Transcript, k: int) -> tuple[bool, int, str, str]:
     """(text of prompt k extends prompt k-1 + output k-1, common prefix, both texts)."""
     p0, o0, _ = render_texts(t.requests[k - 1])
     p1, _, _ = render_texts(t.requests[k])
-    return p1.startswith(p0 + o0), shared_prefix(p0 + o0, p1), p0 + o0, p1
+    return p1.startswith(p0 + o0), first_difference(p0 + o0, p1), p0 + o0, p1
 
 
 # -- discovery -------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_claude_code_compaction_restarts(tokens: Tokens, load_one: Load) -> None
     system_turn = render([post.messages[0], {"role": "user", "content": "."}], post.tools).rsplit(
         "<|im_start|>user", 1
     )[0]
-    n = shared_prefix(turns[1].prompt_ids + turns[1].output_ids, turns[2].prompt_ids)
+    n = first_difference(turns[1].prompt_ids + turns[1].output_ids, turns[2].prompt_ids)
     system_ids = len(tokens.encode(system_turn))
     assert system_ids <= n <= system_ids + 8
     assert turns[1].prompt_ids[n - 1] == turns[2].prompt_ids[n - 1]
@@ -225,7 +225,7 @@ def test_sdk_logs_extend(tokens: Tokens, load_one: Load, turns_of: TurnsOf) -> N
         # Ids: the replies have no reasoning, so prompt k-1 ends "<think>\n" and output k-1 starts
         # "\n</think>"; rendered together in prompt k that is one "\n\n" id: a one-id rollback.
         prev = turns[k - 1]
-        n = shared_prefix(prev.prompt_ids + prev.output_ids, turns[k].prompt_ids)
+        n = first_difference(prev.prompt_ids + prev.output_ids, turns[k].prompt_ids)
         assert n == len(prev.prompt_ids) - 1
         assert prev.prompt_ids[-1] == 198 and prev.output_ids[0] == 198 and turns[k].prompt_ids[n] == 271
         tail = prev.prompt_ids[n + 1 :] + prev.output_ids[1:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +15,9 @@ def test_first_difference(a, b):
     i = first_difference(a, b)
     assert a[:i] == b[:i]
     assert i == min(len(a), len(b)) or a[i] != b[i]
+    # the same count on the other kinds it is given: the router's arrays, text
+    assert first_difference(array("I", a), array("I", b)) == i
+    assert first_difference("".join(map(str, a)), "".join(map(str, b))) == i
 
 
 def test_checkpoint_line_is_the_grid_line_at_or_below_the_prompt_end():

@@ -48,7 +48,6 @@ from shadow.adapters.transcripts.render import (
     render_turn,
     render_turns,
     save_turns,
-    shared_prefix,
     turns_from_json,
     turns_to_json,
 )
@@ -71,7 +70,6 @@ __all__ = [
     "render_turn",
     "render_turns",
     "save_turns",
-    "shared_prefix",
     "transcript_from_json",
     "transcript_to_json",
     "turns_from_json",

@@ -16,7 +16,7 @@ rendered alone in assistant form, after a placeholder user message, and ``Turn.f
 Prompt and output are tokenized separately, as an engine does. Where the text of prompt k+1
 starts with prompt k + output k, the ids usually extend too, but not always: BPE may merge
 across the seam (``<think>\\n`` + ``\\n</think>`` when the reasoning is empty gives ``\\n\\n``
-as one id in the next prompt). ``shared_prefix`` measures what an engine could reuse.
+as one id in the next prompt). ``shadow.core.session.first_difference`` measures what an engine could reuse.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from shadow.adapters.chat import render
 from shadow.adapters.tokens import Tokens, get_tokens
 from shadow.adapters.transcripts.model import Request, Transcript
+from shadow.core.session import first_difference
 
 IM_END_TEXT = "<|im_end|>"
 TURNS_FORMAT = "shadow-turns/1"
@@ -101,21 +101,6 @@ def render_turns(
     return [render_turn(reqs[i], tokens, enable_thinking) for i in picked]
 
 
-def shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Length of the common prefix of two id (or character) sequences."""
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def turns_to_json(turns: Sequence[Turn]) -> str:
     """A compact JSON document for caching rendered turns.
 
@@ -126,7 +111,7 @@ def turns_to_json(turns: Sequence[Turn]) -> str:
     rows = []
     prev: list[int] = []
     for t in turns:
-        reuse = shared_prefix(prev, t.prompt_ids)
+        reuse = first_difference(prev, t.prompt_ids)
         row = asdict(t)
         del row["prompt_ids"]
         row["reuse"] = reuse
