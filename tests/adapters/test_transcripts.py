@@ -24,6 +24,7 @@ from shadow.adapters.transcripts import (
     turns_to_json,
 )
 from shadow.adapters.transcripts import claude_code_standin as standin
+from shadow.adapters.transcripts.formats import FORMATS, format_of
 from shadow.core.session import first_difference
 
 from .conftest import nfc
@@ -100,6 +101,26 @@ def test_discover_finds_every_session(raw: Path) -> None:
     assert len({t.name for t in sessions}) == len(sessions)
     subagents = discover(raw, include_subagents=True)
     assert len(subagents) - len(sources) == 13  # 12 + 6 sub-agent files, less the 5 compaction ones
+    # one registry: each source discovered is loaded by the format its name and content say, and
+    # that format names the sessions it loads
+    for source in subagents:
+        fmt = format_of(source)
+        assert fmt is not None and fmt.discovered, source
+        assert {t.source_format for t in fmt.load(source)} == {fmt.name}, source
+
+
+def test_a_source_of_no_known_format_is_refused_by_name(tmp_path: Path) -> None:
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text('{"neither": "claude code nor openhands"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="named as openhands-output or claude-code, but its content is none"):
+        load_transcript(odd)
+    other = tmp_path / "notes.txt"
+    other.write_text("hello", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"unrecognised session format \(known: openhands-output \.jsonl"):
+        load_transcript(other)
+    assert discover(tmp_path) == [odd]  # listed by name; loading it says what is wrong
+    assert {f.name for f in FORMATS if f.discovered} == {
+        "claude-code", "mini-swe-agent", "openhands-output", "openhands-sdk-llm-logs", "swe-agent"}
 
 
 # -- Claude Code -----------------------------------------------------------------------------------
