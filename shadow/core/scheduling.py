@@ -128,7 +128,8 @@ class WindowStats:
 class IdleLoop:
     """Runs a scheduler's ``step`` every ``poll_s`` on a thread of its own until ``stop``.
 
-    The wait is the stop event's (``wait``, injectable): no hidden sleeps."""
+    Between steps it waits on its stop event for ``poll_s`` of real time (not the schedulers' clock):
+    ``stop`` ends the wait at once, and no other sleep hides in the loop."""
 
     def __init__(self, step: Callable[[], object], poll_s: float = IDLE_POLL_S,
                  on_error: Callable[[BaseException], None] | None = None) -> None:

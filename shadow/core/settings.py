@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -46,8 +46,8 @@ class ShadowSettings(BaseSettings):
     gb: float = Field(4.0, description="cap on resident session state, GiB")
     disk: str = Field("auto", description="folder for parked sessions; auto: ~/.qwen38-spark-engine/cache/shadow")
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")
-    narrator_model: str = Field("", description="the host narrator's checkpoint; the same folder as MODEL: "
-                                                "one slot, one copy of the weights")
+    narrator_model: str = Field("", description="the host narrator's checkpoint: empty or MODEL's folder (one "
+                                                "slot, one copy of the weights); another folder is refused")
     narrator: Literal["on", "off"] = Field(
         "off", description="the narrator (a one-line summary of each thought Qwen finishes) for profiles whose "
                            "shadow block does not say; a profile's `narrator:` overrides it")
@@ -200,6 +200,18 @@ class ShadowSettings(BaseSettings):
     def _not_blank(cls, v: str) -> str:
         if not v.strip():
             raise ValueError("must not be empty")
+        return v
+
+    @field_validator("narrator_model")
+    @classmethod
+    def _narrator_on_the_model(cls, v: str, info: ValidationInfo) -> str:
+        # a second model is not loaded: one slot holds MODEL's weights; naming another folder was
+        # once ignored in silence, which let a host believe a narrator of its choice ran
+        model = str(info.data.get("model", "")).strip()
+        if v.strip() and model and not _same_folder(model, v):
+            raise ValueError(f"names another folder than {PREFIX}MODEL={model!r}; the narrator runs on the "
+                             "shadow's own model (one slot, one copy of the weights), so leave it empty or "
+                             "give MODEL's folder")
         return v
 
     @field_validator("narrator_prompt")

@@ -124,6 +124,21 @@ def test_bad_value_names_key_and_file(line: str, says: str, tmp_path: Path) -> N
     assert key in msg and repr(value) in msg and str(env.resolve()) in msg and says in msg
 
 
+def test_a_narrator_model_other_than_the_model_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "small").mkdir()
+    (tmp_path / "other").mkdir()
+    monkeypatch.setenv("QWEN38_SHADOW_MODEL", str(tmp_path / "small"))
+    monkeypatch.setenv("QWEN38_SHADOW_NARRATOR_MODEL", str(tmp_path / "other"))
+    with pytest.raises(SettingsError) as err:
+        ShadowSettings(_env_file=None)
+    msg = str(err.value)
+    assert f"QWEN38_SHADOW_NARRATOR_MODEL={str(tmp_path / 'other')!r} in the environment" in msg
+    assert f"QWEN38_SHADOW_MODEL={str(tmp_path / 'small')!r}" in msg and "leave it empty" in msg
+    # MODEL's own folder (written another way) shares its slot
+    monkeypatch.setenv("QWEN38_SHADOW_NARRATOR_MODEL", str(tmp_path / "other" / ".." / "small"))
+    assert ShadowSettings(_env_file=None).shares_narrator_slot
+
+
 def test_bad_value_from_the_environment_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QWEN38_SHADOW_IDLE_WINDOW_S", "soon")
     with pytest.raises(SettingsError, match=r"QWEN38_SHADOW_IDLE_WINDOW_S='soon' in the environment"):
