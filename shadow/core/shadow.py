@@ -214,8 +214,8 @@ class Shadow:
              first_pass_free: bool = False) -> list[ChunkRead]:
         """Read whole chunks now, in passes of up to ``reader.max_batch`` sessions (one chunk each):
         of ``session`` alone (a use), or of every session with a whole chunk pending but those
-        dropped and not used since: those of ``first`` (uses: the turns in flight) most behind first,
-        then the rest most recently used first. A pass starts only while its estimated cost (``costs``)
+        dropped and not used since: those of ``first`` (uses: the turns in flight) nearest to fresh
+        first, then the rest most recently used first. A pass starts only while its estimated cost (``costs``)
         still fits ``budget_s`` (the first pass, with ``first_pass_free``, always) and ``stop()`` is
         false; ``on_pass(chunks, estimate, start_ns, end_ns)`` follows each pass. This is the loop:
         the schedulers give it a budget and the sessions to favour, and do not repeat it."""
@@ -240,13 +240,19 @@ class Shadow:
         return done
 
     def _line(self, session: str | None, first: Sequence[str]) -> list[str]:
-        """The sessions ``read`` may read next, in its order."""
+        """The sessions ``read`` may read next, in its order. Of the turns in flight the one nearest
+        to fresh comes first: with the ration short, reading the most behind first left every turn
+        a little behind (80 % fresh at 16 agents against 96 %, ``benchmarks/concurrency.py``)."""
         if session is not None:
             return [session] if self.backlog(session) >= self.grid else []
-        ready = [n for n in self.ready() if self.backlog(n) >= self.grid]
+        pending = {}
+        for name in self._ready:
+            held, committed = self.residency.counts(name)
+            if held - committed >= self.grid and not self.residency.awaits_use(name):
+                pending[name] = held - committed
         favoured = set(first)
-        ahead = sorted((n for n in ready if n in favoured), key=lambda n: (-self.backlog(n), n))
-        rest = sorted((n for n in ready if n not in favoured), key=lambda n: (-self._last_used(n), n))
+        ahead = sorted((n for n in pending if n in favoured), key=lambda n: (pending[n], n))
+        rest = sorted((n for n in pending if n not in favoured), key=lambda n: (-self._last_used(n), n))
         return ahead + rest
 
     def _fitting(self, line: list[str], spent: float, budget: float | None) -> tuple[list[str], float | None]:

@@ -73,14 +73,14 @@ def fed(sh: Shadow, clock: FakeClock, backlogs: dict[str, int]) -> None:
         sh.feed_prompt(name, [(i * 7 + j) % 1000 for j in range(chunks * GRID)])
 
 
-def test_a_read_takes_passes_of_up_to_max_batch_in_flight_most_behind_first_then_most_recently_used() -> None:
+def test_a_read_takes_passes_of_up_to_max_batch_in_flight_nearest_to_fresh_first_then_most_recently_used() -> None:
     clock = FakeClock()
     reader = CostedReader(max_batch=2)
     sh = facade(reader, clock)
     fed(sh, clock, {"old": 1, "flight-small": 1, "recent": 1, "flight-big": 3})
     got = sh.read(first=["flight-small", "flight-big"])
     sessions = [c.session for c in got]
-    assert sessions == ["flight-big", "flight-small",  # the turns in flight, the one most behind first
+    assert sessions == ["flight-small", "flight-big",  # the turns in flight, the one nearest to fresh first
                         "flight-big", "recent",  # then the rest, the most recently used first
                         "flight-big", "old"]
     assert [len(p) for p in reader.passes] == [2, 2, 2] and all(c.batch == 2 for c in got)

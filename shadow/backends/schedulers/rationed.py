@@ -4,9 +4,10 @@
 
 - ``device`` (the default): one budget for the device. It earns ``share`` of the time during which
   any followed request decodes (``HostActivity.decoding_s``), whatever the number of requests in
-  flight, and carries at most one slice unspent. A slice reads the most-behind sessions of the
-  turns in flight, then the most recently used sessions, in batches (``Shadow.read``); one slice
-  runs at a time on the device (a round that finds one running reads nothing).
+  flight, and carries at most one slice unspent. A slice reads the sessions of the turns in flight
+  (the one nearest to fresh first: ``Shadow.read`` says why), then the most recently used
+  sessions, in batches; one slice runs at a time on the device (a round that finds one running
+  reads nothing).
 - ``turn``: the first design, one budget per turn: ``share`` of the time since the turn's first
   token, less what the turn used, spent on the turn's own session in order. Its cost adds up over
   concurrent turns (``benchmarks/concurrency.py`` measures both).
