@@ -74,13 +74,18 @@ class _NoTensors:
 
 class SimReader:
     """The ``Reader`` protocol with the real reader's bookkeeping (commit a chunk, take the wanted
-    checkpoints) and no maths: a chunk costs ``cost(first_row)`` seconds of the simulated clock."""
+    checkpoints) and no maths: a chunk costs ``cost(first_row)`` seconds of the simulated clock, a
+    pass of several sessions ``pass_cost(first_rows)`` (default: their chunks' costs summed)."""
 
-    def __init__(self, grid: int, cost: ChunkCost, clock: SimClock) -> None:
+    def __init__(self, grid: int, cost: ChunkCost, clock: SimClock, max_batch: int = 1,
+                 pass_cost: Callable[[Sequence[int]], float] | None = None) -> None:
         self.grid = grid
         self.cost = cost
         self.clock = clock
+        self.max_batch = max_batch
+        self.pass_cost = pass_cost or (lambda rows: sum(cost(r) for r in rows))
         self.on_chunk: Callable[[int, float], None] = lambda committed, now: None
+        self.on_pass: Callable[[Sequence[tuple[SessionBook, Any]], float], None] = lambda batch, now: None
 
     @property
     def vocab_size(self) -> int:
@@ -108,6 +113,18 @@ class SimReader:
         book.committed_chunk()
         self.checkpoint_if_due(book, tensors)
         self.on_chunk(book.committed, self.clock())
+        self.on_pass([(book, tensors)], self.clock())
+        return cost
+
+    def read_chunks(self, batch: Sequence[tuple[SessionBook, Any]]) -> float:
+        if any(book.pending < self.grid for book, _ in batch):
+            raise ValueError("no whole chunk pending")
+        cost = self.pass_cost([book.committed for book, _ in batch])
+        self.clock.advance(cost)
+        for book, tensors in batch:
+            book.committed_chunk()
+            self.checkpoint_if_due(book, tensors)
+        self.on_pass(batch, self.clock())
         return cost
 
     def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None:
@@ -146,6 +163,7 @@ class FacadeView:
 @dataclass
 class Policy:
     ration_pct: float  # 0: the idle window only
+    scope: str = "turn"  # the ration's (RATION_SCOPE): one session at a time, per turn as first designed
 
     @property
     def name(self) -> str:
@@ -191,7 +209,7 @@ class SessionRun:
 
 def _build(policy: Policy, knobs: Knobs, reader: SimReader, clock: SimClock, home: str) -> tuple[Any, Any]:
     settings = ShadowSettings(_env_file=None, model="simulated", dir=home, grid=knobs.grid, disk="off",
-                              trace="none", profiles="", ration=policy.ration_pct / 100,
+                              trace="none", profiles="", ration=policy.ration_pct / 100, ration_scope=policy.scope,
                               slice_ms=knobs.slice_ms, idle_poll_s=knobs.idle_poll_s,
                               idle_window_s=knobs.idle_window_s)
     container = build_container(settings)

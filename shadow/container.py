@@ -54,10 +54,11 @@ def _model(settings: ShadowSettings) -> Qwen35:
     return Qwen35.from_pretrained(settings.model, device=device, dtype=settings.dtype)
 
 
-def _reader(model: Qwen35, grid: int, fast: str) -> TorchReader:
+def _reader(model: Qwen35, grid: int, fast: str, timer: Callable[[], float]) -> TorchReader:
     from shadow.backends.reader import TorchReader
 
-    return TorchReader(model, grid, fast=fast == "on" or (fast == "auto" and model.device.type == "cuda"))
+    return TorchReader(model, grid, fast=fast == "on" or (fast == "auto" and model.device.type == "cuda"),
+                       timer=timer)
 
 
 DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"
@@ -153,12 +154,12 @@ def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Calla
                          lock_wait_s=settings.idle_poll_s, questions=router)
 
 
-def _ration(slot: Slot, telemetry: Telemetry, clock: Callable[[], float],
-            settings: ShadowSettings, activity: HostActivity) -> RationedScheduler:
+def _ration(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
+            settings: ShadowSettings) -> RationedScheduler:
     from shadow.backends.schedulers import RationedScheduler
 
-    return RationedScheduler(slot, telemetry, clock, share=settings.ration, slice_s=settings.slice_ms / 1e3,
-                             activity=activity)
+    return RationedScheduler(slot, activity, telemetry, clock, share=settings.ration,
+                             slice_s=settings.slice_ms / 1e3, scope=settings.ration_scope)
 
 
 def _activity(clock: Callable[[], float]) -> HostActivity:
@@ -179,7 +180,8 @@ def _service(settings: ShadowSettings, slot: Slot, activity: HostActivity, profi
 class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=ShadowSettings)
     model = providers.Singleton(_model, settings)
-    reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast)
+    reader_timer = providers.Object(time.perf_counter)  # what a chunk's cost is measured with (tests inject one)
+    reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast, reader_timer)
     prompter = providers.Singleton(_prompter)
     memory = providers.Singleton(_memory)
     disk = providers.Selector(providers.Callable(_disk_kind, settings),
@@ -197,7 +199,7 @@ class Container(containers.DeclarativeContainer):
     slot = providers.Singleton(_slot, settings, shadow.provider, profiles, clock)
     router = providers.Singleton(_router, settings, clock, telemetry)
     idle = providers.Singleton(_idle, slot, activity, telemetry, clock, settings, router)
-    ration = providers.Singleton(_ration, slot, telemetry, clock, settings, activity)
+    ration = providers.Singleton(_ration, slot, activity, telemetry, clock, settings)
     narrator = providers.Singleton(_narrator, slot, settings, clock, telemetry, ration)
     service = providers.Singleton(_service, settings, slot, activity, profiles, idle, ration, telemetry, router,
                                   clock, narrator)

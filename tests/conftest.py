@@ -99,6 +99,23 @@ class FakeClock:
         return self.t
 
 
+class Ticks:
+    """The reader's timer in service tests: every reading moves it on by ``step``, so a pass (the
+    reader reads its timer once before and once after) costs exactly ``step``, however loaded the
+    machine is. A chunk's cost comes from here, the schedulers' time from the ``FakeClock``."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+CHUNK_S = 0.004  # what a chunk costs in the service tests (Ticks): a fast GPU's order, not this box's
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -164,8 +181,13 @@ def make_settings(checkpoint: Path | str, home: Path, **kw: Any) -> ShadowSettin
     return ShadowSettings(_env_file=None, **values)
 
 
-def make_container(settings: ShadowSettings, clock: FakeClock | None = None, spans: Spans | None = None) -> Container:
+def make_container(settings: ShadowSettings, clock: FakeClock | None = None, spans: Spans | None = None,
+                   chunk_s: float | None = CHUNK_S) -> Container:
+    """The container, its clock, spans and chunk cost overridden; ``chunk_s=None``: chunks cost what
+    the wall clock measures."""
     c = build_container(settings)
+    if chunk_s is not None:
+        c.reader_timer.override(providers.Object(Ticks(chunk_s)))
     if clock is not None:
         c.clock.override(providers.Object(clock))
     if spans is not None:

@@ -193,6 +193,21 @@ class HostActivity:
         self._holds: dict[str, _Hold] = {}
         self._hold_ids = itertools.count(1)
         self.finished_turns = 0
+        # the device-wide ration's base: seconds during which some turn decoded (its first token
+        # came, it has not finished), counted at each change of the set of decoding turns
+        self._decoding: set[str] = set()
+        self._decoding_s = 0.0
+        self._decoding_mark = 0.0
+
+    def _decoding_changes(self, now: float, request_id: str, decoding: bool) -> None:
+        """Under ``_mu``: ``request_id`` starts (or stops) decoding at ``now``."""
+        if self._decoding:
+            self._decoding_s += max(0.0, now - self._decoding_mark)
+        self._decoding_mark = now
+        if decoding:
+            self._decoding.add(request_id)
+        else:
+            self._decoding.discard(request_id)
 
     # ---- what the host reported --------------------------------------------------------------
 
@@ -225,6 +240,7 @@ class HostActivity:
             turn = self._running(request_id)
             if turn.first_token_s is None:
                 turn.first_token_s = now
+                self._decoding_changes(now, request_id, True)
             turn.last_event_s = now
             return turn
 
@@ -234,6 +250,7 @@ class HostActivity:
             turn = self._running(request_id)
             if turn.first_token_s is None:  # a round produced tokens: the first came with it
                 turn.first_token_s = now
+                self._decoding_changes(now, request_id, True)
             turn.rounds += 1
             turn.output_len += new_ids
             turn.last_event_s = now
@@ -246,6 +263,7 @@ class HostActivity:
             turn = self._turns.pop(request_id, None)
             if turn is None:
                 raise UnknownRequest(f"unknown request {request_id!r}")
+            self._decoding_changes(now, request_id, False)
             turn.output_len += new_ids
             turn.host_s += host_s
             turn.finished_s = now
@@ -253,8 +271,8 @@ class HostActivity:
             return turn
 
     def record_ration(self, request_id: str, spent_s: float, chunks: int, budget_s: float) -> TurnTimeline:
-        """The ration's slice for a running turn: ``spent_s`` (measured device time) and ``chunks``
-        added to the turn's, ``budget_s`` the budget it enforced (0 for a turn it could not read)."""
+        """A ration slice ran at one of the request's rounds: its measured cost and chunks are added
+        to the turn's, and its budget is the turn's last."""
         with self._mu:
             turn = self._running(request_id)
             turn.spent_s += spent_s
@@ -267,6 +285,16 @@ class HostActivity:
         passes its own to ``record_finished``)."""
         with self._mu:
             self._running(request_id).host_s += seconds
+    def decoding_s(self) -> float:
+        """Seconds so far during which some turn decoded: the device-wide ration's base."""
+        now = self.clock()
+        with self._mu:
+            return self._decoding_s + (max(0.0, now - self._decoding_mark) if self._decoding else 0.0)
+
+    def sessions_in_flight(self) -> list[str]:
+        """The sessions of the turns that run (started, not finished), in the order they started."""
+        with self._mu:
+            return [t.session for t in self._turns.values() if t.started_s is not None and t.session is not None]
 
     def turn(self, request_id: str) -> TurnTimeline:
         with self._mu:
@@ -319,6 +347,8 @@ class HostActivity:
             del self._holds[k]
         for k in [k for k, t in self._turns.items() if now - t.last_event_s > self.stale_s]:
             del self._turns[k]
+            if k in self._decoding:
+                self._decoding_changes(now, k, False)
 
     def counts(self) -> tuple[int, int, int]:
         """(waiting, running, holds) now; waiting counts engine-lock waiters ahead of the idle window."""

@@ -18,6 +18,7 @@ class Reader(Protocol):
     """Advances sessions' model state in whole grid chunks and answers forks on top of it."""
 
     grid: int
+    max_batch: int  # the most sessions one read_chunks pass takes (1: no batching)
 
     @property
     def vocab_size(self) -> int: ...
@@ -49,6 +50,12 @@ class Reader(Protocol):
         ...
 
     def read_chunk(self, book: SessionBook, tensors: Any) -> float: ...
+
+    def read_chunks(self, batch: Sequence[tuple[SessionBook, Any]]) -> float:
+        """Commit the next whole chunk of each (book, tensors) in one pass, each at its own depth;
+        returns the measured cost of the whole pass in seconds (device synchronised). Each session's
+        resulting tensors are bit-identical to read_chunk on it alone, whatever it is batched with."""
+        ...
 
     def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None: ...
 

@@ -5,10 +5,14 @@ reports about each chunk (``Telemetry``). Pure Python; the schedulers live in
 Two windows (docs/architecture.md, promise 6):
 
 - ``idle``: no request runs or waits and no hold is on; reads at most ``idle_window_s`` and checks
-  before every chunk whether a request waits, so a request waits at most one chunk.
-- ``ration``: between two of the host's decode rounds, on the request's thread: at most ``share``
-  of the time since the turn's first token, minus what the turn already used, in slices of at most
-  ``slice_s``, whole chunks only, the next chunk's cost estimated from the last one's.
+  before every pass whether a request waits, so a request waits at most one pass.
+- ``ration``: between two of the host's decode rounds, on the request's thread: device-wide, at
+  most ``share`` of the time during which any followed request decodes (per turn, the first
+  design: of the time since the turn's first token), less what was used, in slices of at most
+  ``slice_s``, whole passes only, each pass's cost estimated from the facade's table of costs by
+  batch size and depth (``shadow.core.costs``).
+
+Both read through ``Shadow.read``, the one loop: pick sessions within the budget, read a pass, account.
 
 Nothing here sleeps or reads a clock of its own: time comes in as arguments or as an injected
 clock, so the same code runs under a simulated timeline.
@@ -23,10 +27,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .costs import fits
 from .protocols import Scheduler, Span, Telemetry, Window
 from .records import Answer, ChunkRead, TurnTimeline, WindowStatus
 
-__all__ = ["Scheduler", "Span", "Telemetry", "Window"]  # the seams, defined with the others in protocols
+__all__ = ["Scheduler", "Span", "Telemetry", "Window", "fits"]  # the seams, defined with the others in protocols
 
 Clock = Callable[[], float]
 
@@ -88,17 +93,6 @@ def ration_budget(turn: TurnTimeline, now: float, share: float = SHARE, slice_s:
     earned = share * max(0.0, now - turn.first_token_s)
     used = turn.spent_s if spent_s is None else spent_s
     return max(0.0, min(slice_s, earned - used))
-
-
-def fits(spent: float, estimate: float | None, budget: float) -> bool:
-    """Whether the next whole chunk may start: its estimated cost (the last chunk's) still fits.
-    Without an estimate (the first chunk ever) one chunk may start if anything is left: the
-    bound is then the budget plus one chunk."""
-    if budget <= 0:
-        return False
-    if estimate is None:
-        return spent == 0.0
-    return spent + estimate <= budget
 
 
 @dataclass

@@ -79,7 +79,12 @@ class ShadowSettings(BaseSettings):
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
     idle_window_s: float = Field(2.0, description="longest idle read")
-    ration: float = Field(0.02, description="share of the time since a turn's first token the reader may use")
+    ration: float = Field(0.02, description="share of the device's time the reader may use while any followed "
+                                            "request decodes (RATION_SCOPE=turn: of each turn's time since its "
+                                            "first token)")
+    ration_scope: Literal["device", "turn"] = Field(
+        "device", description="device: one ration for the device, spent on the turns in flight most behind "
+                              "first, then the sessions used last; turn: one per turn, on its own session")
     slice_ms: float = Field(150.0, description="longest ration slice")
 
     # ---- traces ------------------------------------------------------------------------------

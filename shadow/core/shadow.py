@@ -15,8 +15,10 @@ from __future__ import annotations
 import time
 from array import array
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
+from .costs import ChunkCosts, fits
 from .errors import BadInput, UnknownSession
 from .protocols import Prompter, Reader, StateStore
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
@@ -26,6 +28,8 @@ from .session import Position, first_difference
 __all__ = ["MAX_CHOICES", "Answer", "ChunkRead", "Shadow"]
 
 MAX_CHOICES = 26
+
+OnPass = Callable[[list["ChunkRead"], "float | None", int, int], None]  # chunks, estimate, start, end (epoch ns)
 
 
 class Shadow:
@@ -44,7 +48,12 @@ class Shadow:
         self.residency = Residency(reader.grid, reader.new_session, clock, memory=memory, disk=disk,
                                    cap_bytes=cap_bytes)
         self._lock = self.residency.lock
-        self._last_cost_s: dict[str, float] = {}  # per session: the estimate of its next chunk
+        self.costs = ChunkCosts()  # what a pass costs, by batch size and depth: every plan reads it
+        self._ready: set[str] = set()  # sessions with a whole chunk pending (a superset: see ``ready``)
+        self._changes = 0  # bumped whenever ``_ready`` may change: ``lowest_ready_depth``'s cache key
+        self._lowest: tuple[int, int | None] = (-1, None)
+        for name in self.residency.names():  # sessions a planned stop parked
+            self._mark(name)
 
     @property
     def memory(self) -> StateStore:
@@ -63,7 +72,9 @@ class Shadow:
 
     def restore(self, session: str) -> None:
         """Bring ``session`` back to the device now (from its parked file, or empty to be read again)."""
-        self.residency.restore(session)
+        with self._lock:
+            self.residency.restore(session)
+            self._mark(session)
 
     def park(self, session: str) -> None:
         """Park (or drop) ``session`` now, whatever the cap."""
@@ -107,6 +118,7 @@ class Shadow:
             if rollback is not None:
                 self.reader.roll_back(tensors, rollback.resume_at)
             self.reader.checkpoint_if_due(book, tensors)
+            self._mark(session)
 
     def _checked_prompt(self, session: str, ids: list[int]) -> list[int]:
         """The prompt checked, in time for a request's first token: a turn's prompt repeats most of
@@ -130,9 +142,11 @@ class Shadow:
                 book.feed_output(output)  # bookkeeping only: no need to bring the state back
                 book.last_used = self.clock()
                 self.residency.used(session)
+                self._mark(session)
                 return
         with self.residency.using(session) as (book, _):
             book.feed_output(output)
+            self._mark(session)
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -180,36 +194,102 @@ class Shadow:
             self.reader.warm_up()
             self.reader.fresh([0] * self.grid)
 
-    def read(self, session: str | None = None, budget_s: float | None = None,
-             max_chunks: int | None = None) -> list[ChunkRead]:
-        """Read whole chunks now: of ``session`` (a use), or of every session with a whole chunk
-        pending but those dropped and not used since, resident ones first, longest backlog first.
-        With a budget, a chunk starts only if its estimated cost (the session's last chunk's) still fits."""
-        spent = 0.0
-        done: list[ChunkRead] = []
+    def read(self, session: str | None = None, budget_s: float | None = None, max_chunks: int | None = None, *,
+             first: Sequence[str] = (), stop: Callable[[], bool] | None = None, on_pass: OnPass | None = None,
+             first_pass_free: bool = False) -> list[ChunkRead]:
+        """Read whole chunks now, in passes of up to ``reader.max_batch`` sessions (one chunk each):
+        of ``session`` alone (a use), or of every session with a whole chunk pending but those
+        dropped and not used since: those of ``first`` (uses: the turns in flight) nearest to fresh
+        first, then the rest most recently used first. A pass starts only while its estimated cost (``costs``)
+        still fits ``budget_s`` (the first pass, with ``first_pass_free``, always) and ``stop()`` is
+        false; ``on_pass(chunks, estimate, start_ns, end_ns)`` follows each pass. This is the loop:
+        the schedulers give it a budget and the sessions to favour, and do not repeat it."""
+        spent, done = 0.0, list[ChunkRead]()
         with self._lock:
             if session is not None:
                 self.residency.check(session)
-                names = [session]
-            else:
-                pending = {n: b for n, b in self.readable_backlogs().items() if b >= self.grid}
-                names = sorted(pending, key=lambda n: (self.residency.where(n) != "resident", -pending[n]))
-            for name in names:
-                if self.backlog(name) < self.grid or (session is None and self.residency.awaits_use(name)):
-                    continue  # (dropped meanwhile, to make room for the one read before it)
-                with self.residency.using(name, background=session is None) as (book, tensors):
-                    while book.pending >= self.grid:
-                        if max_chunks is not None and len(done) >= max_chunks:
-                            return done
-                        estimate = self._last_cost_s.get(name, 0.0)
-                        if budget_s is not None and spent + estimate > budget_s:
-                            return done
-                        first = book.committed
-                        cost = self.reader.read_chunk(book, tensors)
-                        self._last_cost_s[name] = cost
-                        spent += cost
-                        done.append(ChunkRead(name, first, self.grid, cost))
+            uses = {session} if session is not None else set(first)
+            while stop is None or not stop():
+                most = self.reader.max_batch if max_chunks is None else min(self.reader.max_batch,
+                                                                            max_chunks - len(done))
+                line = self._line(session, first)[:max(0, most)]
+                budget = None if budget_s is None or (first_pass_free and not done) else budget_s
+                names, estimate = self._fitting(line, spent, budget)
+                if not names:
+                    break
+                chunks, start_ns, end_ns = self._read_pass(names, uses)
+                spent += sum(c.cost_s for c in chunks)
+                done += chunks
+                if on_pass is not None:
+                    on_pass(chunks, estimate, start_ns, end_ns)
         return done
+
+    def _line(self, session: str | None, first: Sequence[str]) -> list[str]:
+        """The sessions ``read`` may read next, in its order. Of the turns in flight the one nearest
+        to fresh comes first: with the ration short, reading the most behind first left every turn
+        a little behind (80 % fresh at 16 agents against 96 %, ``benchmarks/concurrency.py``)."""
+        if session is not None:
+            return [session] if self.backlog(session) >= self.grid else []
+        pending = {}
+        for name in self._ready:
+            held, committed = self.residency.counts(name)
+            if held - committed >= self.grid and not self.residency.awaits_use(name):
+                pending[name] = held - committed
+        favoured = set(first)
+        ahead = sorted((n for n in pending if n in favoured), key=lambda n: (pending[n], n))
+        rest = sorted((n for n in pending if n not in favoured), key=lambda n: (-self._last_used(n), n))
+        return ahead + rest
+
+    def _fitting(self, line: list[str], spent: float, budget: float | None) -> tuple[list[str], float | None]:
+        """The longest head of ``line`` whose pass's estimate fits what is left of ``budget``."""
+        for n in range(len(line), 0, -1):
+            estimate = self.costs.estimate([self.residency.counts(s)[1] for s in line[:n]])
+            if budget is None or fits(spent, estimate, budget):
+                return line[:n], estimate
+        return [], None
+
+    def _read_pass(self, names: list[str], uses: set[str]) -> tuple[list[ChunkRead], int, int]:
+        """One pass: each session resident for it, one chunk each, the cost recorded once."""
+        with ExitStack() as held:
+            got = [held.enter_context(self.residency.using(n, background=n not in uses)) for n in names]
+            depths = [book.committed for book, _ in got]
+            start_ns = time.time_ns()
+            cost = self.reader.read_chunk(*got[0]) if len(got) == 1 else self.reader.read_chunks(got)
+            end_ns = time.time_ns()
+        self.costs.record(depths, cost)
+        for name in names:
+            self._mark(name)
+        share = cost / len(names)
+        chunks = [ChunkRead(n, d, self.grid, share, len(names)) for n, d in zip(names, depths, strict=True)]
+        return chunks, start_ns, end_ns
+
+    def _last_used(self, name: str) -> float:
+        book = self.residency.held_book(name)
+        return book.last_used if book is not None else self.residency.position(name).last_used
+
+    def _mark(self, name: str) -> None:
+        """Keep ``_ready`` true for ``name`` after its ids or its reading changed."""
+        held, committed = self.residency.counts(name)
+        if held - committed >= self.grid:
+            self._ready.add(name)
+        else:
+            self._ready.discard(name)
+        self._changes += 1
+
+    def ready(self) -> list[str]:
+        """Sessions the background may read now: a whole chunk pending, not dropped and unused since."""
+        with self._lock:
+            return [n for n in self._ready if not self.residency.awaits_use(n)]
+
+    def lowest_ready_depth(self) -> int | None:
+        """The shallowest read position among ``ready``'s sessions (None: none), for a round's cheap
+        look: kept until a feed or a read changes what is pending. A session dropped meanwhile may
+        linger in it, which only makes a look happen, never skips one."""
+        with self._lock:
+            if self._lowest[0] != self._changes:
+                depths = [self.residency.counts(n)[1] for n in self.ready()]
+                self._lowest = (self._changes, min(depths) if depths else None)
+            return self._lowest[1]
 
     def _read_tail(self, name: str, book: Any, tensors: Any, upto: int | None = None) -> None:
         """Read the pending tail's whole chunks (below ``upto``) through the normal path before a
@@ -217,7 +297,9 @@ class Shadow:
         covers less than one chunk of the session (no attention over a long tail at once)."""
         end = len(book.ids) if upto is None else upto
         while end - book.committed >= self.grid:
-            self._last_cost_s[name] = self.reader.read_chunk(book, tensors)
+            depth = book.committed
+            self.costs.record([depth], self.reader.read_chunk(book, tensors))
+        self._mark(name)
 
     # ---- asking --------------------------------------------------------------------------
 
@@ -300,7 +382,8 @@ class Shadow:
         """Drop everything of ``session``: its resident state, its parked file, its bookkeeping."""
         with self._lock:
             self.residency.forget(session)
-            self._last_cost_s.pop(session, None)
+            self._ready.discard(session)
+            self._changes += 1
 
     def sessions(self) -> list[str]:
         return self.residency.names()

@@ -64,17 +64,19 @@ def test_a_host_feeds_a_real_session_over_http_and_the_spans_match(checkpoint: P
     assert sum(s["attributes"]["shadow.chunk.device_ms"] for s in chunks) == pytest.approx(
         windows.idle.spent_ms + windows.ration.spent_ms, rel=1e-6, abs=1e-3)
 
-    # the ration, read from the spans: within 2 % of the time since the first token, plus one chunk
+    # the ration, read from the spans: one ration for the device, within 2 % of the time during which
+    # a turn decoded (the turns come one after the other here), plus one chunk; the unspent part of
+    # one turn's may be spent at the next's rounds
     longest = max(s["attributes"]["shadow.chunk.device_ms"] for s in chunks)
     slices = [s for s in spans if s["name"] == "shadow.ration"]
+    decoding_ms = sum(r.turn.last_event_s - (r.turn.first_token_s or 0.0) for r in reports) * 1e3
+    assert sum(s["attributes"]["shadow.chunk.device_ms"] for s in by_window["ration"]) <= 0.02 * decoding_ms + longest
     for r in reports:
         assert r.turn is not None
         rid = r.turn.request_id
         mine = [s for s in by_window["ration"] if s["attributes"]["shadow.request.id"] == rid]
         spent_ms = sum(s["attributes"]["shadow.chunk.device_ms"] for s in mine)
         assert spent_ms == pytest.approx(r.turn.spent_s * 1e3, abs=1e-6) == pytest.approx(r.ration_spent_ms)
-        earned_ms = 0.02 * (r.turn.last_event_s - (r.turn.first_token_s or 0.0)) * 1e3
-        assert spent_ms <= earned_ms + longest
         for sl in (s for s in slices if s["attributes"]["shadow.request.id"] == rid):
             children = [s for s in mine if s["parent_id"] == sl["span_id"]]
             a = sl["attributes"]

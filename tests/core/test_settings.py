@@ -50,6 +50,7 @@ SAMPLES = {
     "idle_window_s": ("1.5", 1.5),
     "ration": ("0.03", 0.03),
     "slice_ms": ("100", 100.0),
+    "ration_scope": ("turn", "turn"),
     "trace": ("jsonl,console", "jsonl,console"),
     "trace_file": ("/tmp/t.jsonl", "/tmp/t.jsonl"),
     "otlp_endpoint": ("http://collector:4318/v1/traces", "http://collector:4318/v1/traces"),

@@ -1,9 +1,8 @@
-"""What both schedulers need: a session's backlog, and one chunk read with its wall-clock span."""
+"""What both schedulers need: a session's backlog and depth, a chunk's estimate, a chunk's backlog after."""
 
 from __future__ import annotations
 
 from shadow.core.errors import UnknownSession
-from shadow.core.scheduling import epoch_ns
 from shadow.core.shadow import ChunkRead, Shadow
 
 
@@ -16,14 +15,19 @@ def backlog_of(shadow: Shadow, session: str) -> int:
         return 0
 
 
+def depth_of(shadow: Shadow, session: str) -> int:
+    """Rows of ``session`` read so far (0 for a session not known yet)."""
+    try:
+        return shadow.counts(session)[1]
+    except UnknownSession:
+        return 0
+
+
+def chunk_estimate(shadow: Shadow, session: str) -> float | None:
+    """The next chunk of ``session`` read alone, from the facade's one table of costs."""
+    return shadow.costs.estimate([depth_of(shadow, session)])
+
+
 def backlog_after(shadow: Shadow, chunk: ChunkRead) -> int:
     """The chunk's session's backlog once the chunk is read (the session is resident: it was just read)."""
     return shadow.position(chunk.session).pending
-
-
-def read_one(shadow: Shadow, session: str | None) -> tuple[ChunkRead | None, int, int]:
-    """One whole chunk of ``session`` (or of the longest backlog), with its span's start and end."""
-    start = epoch_ns()
-    got = shadow.read(session, max_chunks=1)
-    end = epoch_ns()
-    return (got[0] if got else None), start, end

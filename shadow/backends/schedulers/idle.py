@@ -8,9 +8,10 @@ One ``step`` is one look (the service's loop looks every 0.2 s):
 3. take the box lock without waiting (held: nothing). The model's first load, soon after the
    start, happens here, under the box lock only: a request that comes meanwhile does not wait for it;
 4. take the engine lock at rank 4, behind every waiter (not free within ``lock_wait_s``: nothing),
-   look again (a request may have come while it queued), then read: before every chunk, stop if a
-   request waits or the next chunk (its cost estimated from the last) would pass ``window_s``. A
-   request that arrives while a chunk is read waits for that one chunk only;
+   look again (a request may have come while it queued), then read in batches (``Shadow.read``,
+   sessions most recently used first): before every pass, stop if a request waits or the next pass
+   (its cost estimated from the facade's table of costs) would pass ``window_s``. A request that
+   arrives while a pass is read waits for that one pass only;
 5. then, still in the window, answer the questions that wait for the reader (the router's, in
    shadow mode), unless a request came.
 """
@@ -25,7 +26,7 @@ from shadow.core.scheduling import IDLE_WINDOW_S, Clock, NullTelemetry, Telemetr
 from shadow.core.shadow import ChunkRead, Shadow
 from shadow.core.slot import Slot
 
-from .common import backlog_after, read_one
+from .common import backlog_after
 
 
 class IdleScheduler:
@@ -41,14 +42,12 @@ class IdleScheduler:
         self.window_s = window_s
         self.lock_wait_s = lock_wait_s
         self.questions = questions
-        self.last_cost_s: float | None = None
 
     def _work(self) -> bool:
         shadow = self.slot.get()
         if shadow is None:
             return self.slot.due
-        grid = shadow.grid
-        if any(b >= grid for b in shadow.readable_backlogs().values()):
+        if shadow.lowest_ready_depth() is not None:
             return True
         return self.questions is not None and self.questions.pending(shadow)
 
@@ -81,25 +80,18 @@ class IdleScheduler:
             box.release()
 
     def _read(self, shadow: Shadow) -> list[ChunkRead]:
-        start = self.clock()
-        spent = 0.0
-        done: list[ChunkRead] = []
+        def on_pass(chunks: list[ChunkRead], estimate: float | None, t0: int, t1: int) -> None:
+            for chunk in chunks:
+                self.telemetry.chunk("idle", chunk, backlog_after(shadow, chunk), t0, t1,
+                                     {"shadow.chunk.batch": chunk.batch})
+
         with self.telemetry.span("shadow.window", {"shadow.window": "idle",
                                                    "shadow.window.budget_ms": self.window_s * 1e3}) as span:
-            while True:
-                if self.activity.busy():
-                    span.set("shadow.window.stopped_for", "request")
-                    break
-                elapsed = max(self.clock() - start, spent)
-                if done and self.last_cost_s is not None and elapsed + self.last_cost_s > self.window_s:
-                    break  # (a window's first chunk always starts: on a slow box a chunk may pass the window)
-                chunk, t0, t1 = read_one(shadow, None)
-                if chunk is None:
-                    break
-                spent += chunk.cost_s
-                self.last_cost_s = chunk.cost_s
-                done.append(chunk)
-                self.telemetry.chunk("idle", chunk, backlog_after(shadow, chunk), t0, t1)
-            span.set("shadow.window.spent_ms", spent * 1e3)
+            # (a window's first pass always starts: on a slow box a pass may take longer than the window)
+            done = shadow.read(budget_s=self.window_s, stop=self.activity.busy, on_pass=on_pass,
+                               first_pass_free=True)
+            if self.activity.busy():
+                span.set("shadow.window.stopped_for", "request")
+            span.set("shadow.window.spent_ms", sum(c.cost_s for c in done) * 1e3)
             span.set("shadow.window.chunks", len(done))
         return done

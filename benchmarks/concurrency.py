@@ -1,0 +1,403 @@
+"""Many agents at once on one device: how fresh the shadow stays, and what it costs the host.
+
+    python -m benchmarks.concurrency                      # N = 1, 4, 16, 64, 128; 30 simulated minutes
+    python -m benchmarks.concurrency --agents 16 64 --minutes 10 --policies turn:2 device:2 device:4
+
+N agents replay the real timelines under ``../shared/data/sessions/raw`` at once, each cycling
+through the sessions from a random offset (a new session each time round; the one it leaves is
+forgotten, as a host forgets a closed conversation), for ``--minutes`` of simulated time. The parts
+are the service's own: the container builds the ``ShadowService`` with its ``HostActivity``, idle
+window, ration and ``Shadow`` facade, with a simulated clock and a ``SimReader`` (no maths; a pass
+costs a given time: ``benchmarks.freshness_sim``). Each agent's turn goes through the host
+interface as an engine drives it (``arrived``, ``started``, ``first_token``, ``round_ended`` every
+8 output ids, ``finished``); the idle loop looks every 0.2 s. A ration slice or an idle pass
+holds the device, so every agent's event that falls inside it happens when it ends: the delays the
+shadow causes push the agents later.
+
+Chunk costs come from the newest ``read_rate`` result (``--rate-file`` names one): rows of figure
+``batch_chunk`` (``ours_ms`` per 512 ids by ``batch`` and ``depth``) give a pass of B sessions the
+sum of its chunks at batch B (B between two measured sizes: interpolated; the largest measured
+size is the reader's ``max_batch``). Without them, the single-session rows (figure ``chunk``) with
+``max_batch`` 1, and the output says so. Figures simulated from those costs, not GPU measurements.
+
+Policies: ``turn:S`` is the first design (``RATION_SCOPE=turn``: S % of each turn's time since
+its first token, on its own session); ``device:S`` is one ration for the device (S % of the time
+during which any request decodes, the turns in flight most behind first, then the sessions used
+last). Per (agents, policy):
+
+- ``fresh_share``: turn starts (each session's first excepted) at which the shadow was less than
+  one chunk behind what the turn's prompt keeps; ``p90_behind``: the ids it was behind there;
+- ``device_share_pct``: the ration's device time over the time during which some request decoded
+  (what the shadow costs the host's decode; the idle window reads when nothing runs).
+
+Writes ``benchmarks/results/concurrency.json`` (``--out``) and a plot beside it (matplotlib optional).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import datetime
+import heapq
+import itertools
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .freshness import CostModel, commit, from_rate_file
+from .freshness_sim import Knobs, Policy, SimClock, SimReader, _build, percentile
+from .timelines import SessionTimeline, Skipped, timelines
+
+REPO = Path(__file__).resolve().parents[1]
+RAW = REPO.parent / "shared" / "data" / "sessions" / "raw"
+RESULTS = REPO / "benchmarks" / "results"
+AGENTS = (1, 4, 16, 64, 128)
+POLICIES = ("turn:2", "device:2", "device:3", "device:4", "device:5")
+NOTE = ("simulated: the service's schedulers on a simulated clock, N agents at once, with a reader that costs "
+        "the read_rate file's time per pass; not a GPU measurement")
+
+
+# ---- the timelines, compact --------------------------------------------------------------------
+
+@dataclass
+class TurnShape:
+    keep: int  # ids of what the host held before (last prompt and its output) the prompt keeps
+    new: array  # the prompt's ids past ``keep``
+    output: array
+    start_s: float
+    first_token_s: float
+    end_s: float
+
+
+@dataclass
+class SessionShape:
+    name: str
+    turns: list[TurnShape]
+
+
+def shape(tl: SessionTimeline) -> SessionShape:
+    """A timeline held as each prompt's new ids (a long session's whole prompts take hundreds of MB)."""
+    return SessionShape(tl.name, [TurnShape(t.keep, array("I", t.prompt_ids[t.keep:]), array("I", t.output_ids),
+                                            t.start_s, t.first_token_s, t.end_s) for t in tl.turns])
+
+
+# ---- chunk costs by batch size and depth ---------------------------------------------------------
+
+@dataclass
+class PassCosts:
+    """A pass's cost by its sessions' depths: ``by_batch[B]`` is the per-chunk cost by depth at batch B."""
+
+    by_batch: dict[int, CostModel]
+    source: str
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.by_batch)
+
+    def per_chunk(self, batch: int, row: int) -> float:
+        sizes = sorted(self.by_batch)
+        i = bisect.bisect_left(sizes, batch)
+        if (i < len(sizes) and sizes[i] == batch) or i == 0:
+            return self.by_batch[sizes[min(i, len(sizes) - 1)]](row)
+        if i == len(sizes):
+            return self.by_batch[sizes[-1]](row)
+        lo, hi = sizes[i - 1], sizes[i]
+        a, b = self.by_batch[lo](row), self.by_batch[hi](row)
+        return a + (b - a) * (batch - lo) / (hi - lo)
+
+    def __call__(self, rows: Sequence[int]) -> float:
+        return sum(self.per_chunk(len(rows), r) for r in rows)
+
+
+def newest_rate_file(folder: Path = RESULTS) -> Path | None:
+    """``read_rate.json`` (the stable name), else the newest ``read_rate-*.json`` by the date it records."""
+    if (folder / "read_rate.json").is_file():
+        return folder / "read_rate.json"
+    from .freshness import newest_rate_file as dated
+
+    return dated(folder)
+
+
+def pass_costs(path: Path, model: str | None = None) -> PassCosts:
+    d = json.loads(path.read_text(encoding="utf-8"))
+    single = from_rate_file(path, model)
+    rows = [r for r in d.get("rows", []) if r.get("figure") == "batch_chunk"
+            and (model is None or r.get("model", model) == model)]
+    by_batch: dict[int, CostModel] = {1: single}
+    for b in sorted({int(r["batch"]) for r in rows}):
+        mine = sorted((r for r in rows if int(r["batch"]) == b), key=lambda r: int(r["depth"]))
+        depths, ms = tuple(int(r["depth"]) for r in mine), tuple(float(r["ours_ms"]) for r in mine)
+        by_batch[b] = CostModel(f"B={b}", ms[0], path.name, depths, ms)
+    if len(by_batch) > 1:
+        src = (f"{path.name} at {d.get('commit', '?')} on {d.get('gpu', d.get('device', '?'))}: batch_chunk rows, "
+               f"B = {', '.join(map(str, sorted(by_batch)))}")
+    else:
+        src = (f"{single.source}; no batch_chunk rows (batch costs not measured yet): one session a pass, "
+               "max_batch 1")
+    return PassCosts(by_batch, src)
+
+
+# ---- the replay ----------------------------------------------------------------------------------
+
+@dataclass
+class Knobs2:
+    agents: int
+    minutes: float = 30.0
+    round_ids: int = 8
+    max_round_s: float = 1.0
+    idle_poll_s: float = 0.2
+    seed: int = 0
+
+
+@dataclass
+class Run:
+    agents: int
+    policy: str
+    behind: list[int] = field(default_factory=list)
+    turns: int = 0
+    ration_s: float = 0.0
+    idle_s: float = 0.0
+    decoding_s: float = 0.0
+    ration_chunks: int = 0
+    idle_chunks: int = 0
+    passes: int = 0
+    batched_chunks: int = 0
+    sim_s: float = 0.0
+    wall_s: float = 0.0
+
+    def row(self, grid: int) -> dict[str, Any]:
+        fresh = sum(b < grid for b in self.behind) / len(self.behind) if self.behind else None
+        return {
+            "agents": self.agents, "policy": self.policy,
+            "fresh_share": None if fresh is None else round(fresh, 4),
+            "p90_behind": percentile(self.behind, 90),
+            "device_share_pct": round(100 * self.ration_s / self.decoding_s, 3) if self.decoding_s else 0.0,
+            "turns": len(self.behind), "ration_chunks": self.ration_chunks, "idle_chunks": self.idle_chunks,
+            "idle_s": round(self.idle_s, 3), "decoding_s": round(self.decoding_s, 1),
+            "mean_batch": round(self.batched_chunks / self.passes, 2) if self.passes else None,
+            "simulated_s": round(self.sim_s, 1), "wall_s": round(self.wall_s, 1),
+        }
+
+
+def parse_policy(text: str) -> Policy:
+    scope, _, pct = text.partition(":")
+    if scope not in ("turn", "device") or not pct:
+        raise SystemExit(f"policy {text!r}: write turn:S or device:S (S the share in %)")
+    return Policy(float(pct), scope)
+
+
+def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k: Knobs2,
+           grid: int = 512) -> Run:
+    """``k.agents`` agents on one service, one simulated clock, for ``k.minutes``."""
+    wall = time.perf_counter()
+    clock = SimClock()
+    reader = SimReader(grid, lambda row: costs.per_chunk(1, row), clock, costs.max_batch, costs)
+    run = Run(k.agents, f"{policy.scope}:{policy.ration_pct:g}")
+
+    def on_pass(batch: Sequence[Any], now: float) -> None:
+        run.passes += 1
+        run.batched_chunks += len(batch)
+
+    reader.on_pass = on_pass
+    end_s = 60.0 * k.minutes
+    rng = random.Random(k.seed)
+    events: list[tuple[float, int, Callable[[], None]]] = []
+    seq = itertools.count()
+
+    def at(t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(events, (t, next(seq), action))
+
+    with tempfile.TemporaryDirectory(prefix="shadow-concurrency-") as home:
+        knobs = Knobs(grid=grid, round_ids=k.round_ids, idle_poll_s=k.idle_poll_s)
+        container, service = _build(policy, knobs, reader, clock, home)
+        shadow = container.slot().get()
+        ids = itertools.count()
+
+        def agent(a: int) -> None:
+            order = list(range(len(sessions)))
+            offset = rng.randrange(len(sessions))
+            order = order[offset:] + order[:offset]
+            state = {"cycle": 0, "turn": 0, "held": [], "session": ""}
+
+            def next_session() -> None:
+                if state["session"]:
+                    service.forget(state["session"])
+                state["session"] = f"a{a}.{state['cycle']}"
+                state["turn"], state["held"] = 0, []
+
+            def arrive(t: float) -> None:
+                """The next turn at ``t``: announced on the clock (an idle pass under way when it
+                comes is the last), started by the loop."""
+                if t >= end_s:
+                    return
+                s = sessions[order[state["cycle"] % len(order)]]
+                turn = s.turns[state["turn"]]
+                rid = f"r{next(ids)}"
+                clock.at(t, lambda: service.arrived(rid))
+                at(t, lambda: start(s, turn, rid))
+
+            def start(s: SessionShape, turn: TurnShape, rid: str) -> None:
+                prompt = state["held"][:turn.keep] + turn.new.tolist()
+                service.started(rid, state["session"], ids=prompt)
+                if state["turn"]:
+                    committed = shadow.counts(state["session"])[1]
+                    run.behind.append(max(0, turn.keep - committed))
+                state["held"] = prompt
+                at(clock() + (turn.first_token_s - turn.start_s), lambda: first(s, turn, rid))
+
+            def first(s: SessionShape, turn: TurnShape, rid: str) -> None:
+                service.first_token(rid)
+                decode_s = turn.end_s - turn.first_token_s
+                out = turn.output.tolist()
+                n = max(1, math.ceil(len(out) / k.round_ids), math.ceil(decode_s / k.max_round_s))
+                pieces = [out[j * len(out) // n:(j + 1) * len(out) // n] for j in range(n)]
+                at(clock() + decode_s / n, lambda: rounds(s, turn, rid, pieces, 0, decode_s / n))
+
+            def rounds(s: SessionShape, turn: TurnShape, rid: str, pieces: list[list[int]], j: int, dt: float) -> None:
+                service.round_ended(rid, pieces[j])
+                state["held"].extend(pieces[j])
+                if j + 1 < len(pieces):
+                    at(clock() + dt, lambda: rounds(s, turn, rid, pieces, j + 1, dt))
+                    return
+                service.finished(rid)
+                state["turn"] += 1
+                if state["turn"] < len(s.turns):
+                    gap = max(0.0, s.turns[state["turn"]].start_s - turn.end_s)
+                else:
+                    state["cycle"] += 1
+                    next_session()
+                    gap = 0.0
+                arrive(clock() + gap)
+
+            next_session()
+            arrive(0.0)
+
+        for a in range(k.agents):
+            agent(a)
+
+        def look() -> None:
+            chunks = service.idle_step()
+            run.idle_chunks += len(chunks)
+            run.idle_s += sum(c.cost_s for c in chunks)
+            if events and clock() < end_s:
+                at(clock() + k.idle_poll_s, look)
+
+        at(0.0, look)
+        while events:
+            t, _, action = heapq.heappop(events)
+            clock.advance_to(t)  # (an event due while the device was held happens when it is free)
+            action()
+        ration = service.stats["ration"]
+        run.ration_s, run.ration_chunks = ration.spent_s, ration.chunks
+        run.decoding_s = container.activity().decoding_s()
+        run.sim_s = clock()
+        container.shutdown_resources()
+    run.wall_s = time.perf_counter() - wall
+    return run
+
+
+# ---- output --------------------------------------------------------------------------------------
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    cols = ("agents", "policy", "fresh_share", "p90_behind", "device_share_pct", "mean_batch", "turns", "wall_s")
+    lines = [list(cols)] + [["-" if r[c] is None else str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no plot ({path.name}); pip install -e '.[bench]'", file=sys.stderr)
+        return False
+    fig, (fresh, share) = plt.subplots(1, 2, figsize=(10, 4))
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == policy]
+        xs = [r["agents"] for r in mine]
+        fresh.plot(xs, [100 * (r["fresh_share"] or 0) for r in mine], marker="o", label=policy)
+        share.plot(xs, [r["device_share_pct"] for r in mine], marker="o", label=policy)
+    for ax, label in ((fresh, "fresh at turn start, %"), (share, "device share while decoding, %")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("agents at once")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Many agents on one device (simulated from read_rate chunk costs)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def load(raw: Path, only: Sequence[str], decode_tps: float) -> tuple[list[SessionShape], list[dict[str, str]]]:
+    shapes, skipped = [], []
+    for item in timelines(raw, decode_tps, only):
+        if isinstance(item, Skipped):
+            skipped.append({"session": item.name, "reason": item.reason})
+        else:
+            shapes.append(shape(item))
+    if not shapes:
+        raise SystemExit(f"no session with a timeline to replay under {raw}")
+    return shapes, skipped
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--raw", type=Path, default=RAW, help="the sessions folder (default: ../shared/data/sessions/raw)")
+    ap.add_argument("--only", nargs="*", default=[], help="sessions whose path contains one of these")
+    ap.add_argument("--agents", type=int, nargs="*", default=list(AGENTS))
+    ap.add_argument("--policies", nargs="*", default=list(POLICIES), help="turn:S or device:S, S in %%")
+    ap.add_argument("--minutes", type=float, default=30.0, help="simulated minutes per run")
+    ap.add_argument("--rate-file", type=Path, help="a read_rate JSON (default: the newest)")
+    ap.add_argument("--rate-model", help="the model's rows in the read_rate file (default: its first)")
+    ap.add_argument("--decode-tps", type=float, default=36.0, help="the host's decode rate (default 36)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS / "concurrency.json")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    at = commit()
+    if not args.raw.is_dir():
+        raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo")
+    rate_file = args.rate_file or newest_rate_file()
+    if rate_file is None:
+        raise SystemExit("no read_rate result under benchmarks/results: run benchmarks/read_rate.py first")
+    costs = pass_costs(rate_file, args.rate_model)
+    print(f"concurrency: chunk costs from {costs.source}", file=sys.stderr)
+    sessions, skipped = load(args.raw, args.only, args.decode_tps)
+    rows = []
+    for n in args.agents:
+        for text in args.policies:
+            run = replay(sessions, parse_policy(text), costs, Knobs2(n, args.minutes, seed=args.seed))
+            rows.append(run.row(512))
+            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+    print(table(rows))
+    doc = {
+        "benchmark": "concurrency", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "commit": at, "device": "simulated (costs: see chunk_cost)", "simulated": True, "note": NOTE,
+        "chunk_cost": costs.source, "batch_costs_measured": costs.max_batch > 1, "max_batch": costs.max_batch,
+        "minutes": args.minutes, "decode_tps": args.decode_tps, "round_ids": 8, "grid": 512, "seed": args.seed,
+        "counted": "turn starts after each session's first; fresh: less than one grid chunk behind",
+        "sessions": [s.name for s in sessions], "skipped": skipped, "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}", file=sys.stderr)
+    if not args.no_plot and plot(rows, args.out.with_suffix(".png")):
+        print(f"wrote {args.out.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""What a chunk costs, by batch size and depth: the one table every plan reads.
+
+The facade records each pass it reads (``Shadow.read``, a question's tail) here, and every
+planner (the idle window, the ration, the narrator) estimates the next pass from it: there is no
+other copy. A pass of ``B`` sessions is keyed by ``B`` and its sessions' mean depth, in buckets of
+``bucket`` rows: a chunk's cost grows with its depth (attention over the rows below) and falls per
+session with the batch (the projections' rows are shared), and a pass's attention is the sum of
+its sessions' own, so the mean depth stands for the pass. The estimate is the last pass measured
+at that key (a chunk's cost is steady; the last one follows a device that slows down), else the
+nearest depth measured at that batch size, else one session's cost at that depth per session (a
+batch costs no more per session than reading each alone), else the nearest measured; ``None``
+when nothing was measured yet: the first pass ever is read on any positive budget (``fits``).
+
+Pure Python, no clock: costs come in as the reader measured them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+BUCKET_ROWS = 4096
+
+
+def fits(spent: float, estimate: float | None, budget: float) -> bool:
+    """Whether the next whole pass may start: its estimated cost still fits. Without an estimate
+    (the first pass ever) one may start if nothing was spent yet and anything is left: the bound is
+    then the budget plus one pass."""
+    if budget <= 0:
+        return False
+    if estimate is None:
+        return spent == 0.0
+    return spent + estimate <= budget
+
+
+class ChunkCosts:
+    def __init__(self, bucket: int = BUCKET_ROWS) -> None:
+        if bucket <= 0:
+            raise ValueError(f"bucket must be positive, got {bucket}")
+        self.bucket = bucket
+        self._per_chunk: dict[tuple[int, int], float] = {}  # (batch, depth bucket) -> seconds per chunk
+        self._mu = threading.Lock()
+
+    def _key(self, depths: Sequence[int]) -> tuple[int, int]:
+        return len(depths), sum(depths) // len(depths) // self.bucket
+
+    def record(self, depths: Sequence[int], cost_s: float) -> None:
+        """A pass measured: the sessions' depths (rows below each one's chunk) and its whole cost."""
+        if not depths:
+            raise ValueError("a pass reads at least one session")
+        with self._mu:
+            self._per_chunk[self._key(depths)] = cost_s / len(depths)
+
+    def per_chunk(self, batch: int, depth: int) -> float | None:
+        """Seconds per session of a pass of ``batch`` sessions at mean depth ``depth``."""
+        at = depth // self.bucket
+        with self._mu:
+            if (batch, at) in self._per_chunk:
+                return self._per_chunk[(batch, at)]
+            same = [k for k in self._per_chunk if k[0] == batch]
+            if same:
+                return self._per_chunk[min(same, key=lambda k: abs(k[1] - at))]
+            alone = [k for k in self._per_chunk if k[0] == 1]
+            keys = alone or list(self._per_chunk)
+            if not keys:
+                return None
+            return self._per_chunk[min(keys, key=lambda k: (abs(k[1] - at), abs(k[0] - batch)))]
+
+    def estimate(self, depths: Sequence[int]) -> float | None:
+        """The whole cost of a pass over sessions at these depths; None when nothing was measured."""
+        if not depths:
+            return 0.0
+        each = self.per_chunk(len(depths), sum(depths) // len(depths))
+        return None if each is None else each * len(depths)
+
+    def as_dict(self) -> dict[str, float]:
+        """``"B x depth-bucket-start"`` -> ms per chunk, for status."""
+        with self._mu:
+            return {f"{b}x{k * self.bucket}": round(s * 1e3, 4) for (b, k), s in sorted(self._per_chunk.items())}

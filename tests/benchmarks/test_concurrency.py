@@ -1,0 +1,57 @@
+"""The concurrency replay, tiny (CPU): a few agents on the real OpenHands timelines for a few simulated
+minutes, through the service's own schedulers, both rations, with chunk costs from a read_rate file
+with and without batch rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.concurrency import main, pass_costs
+
+SINGLE = [{"figure": "chunk", "model": "0.8b", "depth": 0, "ours_ms": 3.0},
+          {"figure": "chunk", "model": "0.8b", "depth": 100_000, "ours_ms": 7.0}]
+BATCH = [{"figure": "batch_chunk", "model": "0.8b", "batch": b, "depth": d, "ours_ms": ms}
+         for b, per in ((2, 2.0), (4, 1.0)) for d, ms in ((0, per), (100_000, per + 4.0))]
+
+
+def rate_file(tmp_path: Path, rows: list[dict[str, object]]) -> Path:
+    path = tmp_path / "read_rate.json"
+    path.write_text(json.dumps({"date": "2026-12-01", "commit": "abc", "gpu": "test", "rows": rows}))
+    return path
+
+
+def test_pass_costs_by_batch_and_depth_interpolate_and_fall_back_to_one_session(tmp_path: Path) -> None:
+    single = pass_costs(rate_file(tmp_path, SINGLE))
+    assert single.max_batch == 1 and "not measured" in single.source
+    assert single([0]) == pytest.approx(0.003) and single([50_000]) == pytest.approx(0.005)
+    batched = pass_costs(rate_file(tmp_path, SINGLE + BATCH))
+    assert batched.max_batch == 4 and "batch_chunk" in batched.source
+    assert batched([0, 0]) == pytest.approx(2 * 0.002)
+    assert batched([0, 0, 0]) == pytest.approx(3 * 0.0015)  # between B = 2 and 4
+    assert batched([0, 100_000, 0, 0]) == pytest.approx((3 * 1.0 + 5.0) / 1e3)
+
+
+@pytest.mark.parametrize("rows", [SINGLE, SINGLE + BATCH], ids=["single", "batched"])
+def test_a_tiny_replay_writes_both_rations_rows(shared_data: Path, tmp_path: Path, rows: list) -> None:
+    out = tmp_path / "concurrency.json"
+    assert main(["--raw", str(shared_data / "sessions" / "raw"), "--only", "openhands-examples",
+                 "--agents", "1", "3", "--policies", "turn:2", "device:2", "--minutes", "4",
+                 "--rate-file", str(rate_file(tmp_path, rows)), "--out", str(out), "--no-plot"]) == 0
+    doc = json.loads(out.read_text())
+    assert {"date", "commit", "device", "rows", "chunk_cost"} <= set(doc)
+    assert doc["batch_costs_measured"] == (rows is not SINGLE)
+    assert [(r["agents"], r["policy"]) for r in doc["rows"]] == [(1, "turn:2"), (1, "device:2"),
+                                                                  (3, "turn:2"), (3, "device:2")]
+    for r in doc["rows"]:
+        assert {"agents", "policy", "fresh_share", "p90_behind", "device_share_pct"} <= set(r)
+        assert r["turns"] > 0 and 0.0 <= r["fresh_share"] <= 1.0 and r["ration_chunks"] > 0
+        if r["policy"].startswith("device"):  # one share for the device: 2 %, one slice carried, one pass
+            assert r["device_share_pct"] <= 2.0 + 100 * (0.150 + 0.02) / r["decoding_s"]
+    three = doc["rows"][3]
+    if rows is not SINGLE:
+        assert three["mean_batch"] > 1.0  # several sessions a pass
+    else:
+        assert three["mean_batch"] == 1.0

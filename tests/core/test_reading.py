@@ -1,0 +1,178 @@
+"""The facade's read loop on its own: passes of up to ``max_batch`` sessions, which sessions come
+first, the budget, and the one table of chunk costs. The reader here does the bookkeeping only and
+costs what the test says (by batch size and depth), so nothing depends on this machine's speed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from shadow.core.costs import ChunkCosts, fits
+from shadow.core.host import HostActivity
+from shadow.core.session import SessionBook
+from shadow.core.shadow import Shadow
+from tests.conftest import FakeClock
+from tests.core.test_residency import Memory, Tensors
+
+GRID = 64
+
+
+class CostedReader:
+    """The ``Reader``'s bookkeeping (commit, checkpoints) with a cost per pass: ``base`` per chunk,
+    plus ``per_row`` for each row below it, times ``share`` per session in a batch of more than one."""
+
+    grid = GRID
+    vocab_size = 1000
+
+    def __init__(self, max_batch: int = 4, base: float = 0.003, per_row: float = 1e-7, share: float = 0.5) -> None:
+        self.max_batch = max_batch
+        self.base, self.per_row, self.share = base, per_row, share
+        self.passes: list[list[tuple[int, int]]] = []  # (id of the book, its depth) per session, per pass
+
+    def new_session(self) -> Tensors:
+        return Tensors(0)
+
+    def _cost(self, depths: Sequence[int]) -> float:
+        each = [self.base + self.per_row * d for d in depths]
+        return sum(each) * (self.share if len(depths) > 1 else 1.0)
+
+    def read_chunk(self, book: SessionBook, tensors: Any) -> float:
+        return self.read_chunks([(book, tensors)])
+
+    def read_chunks(self, batch: Sequence[tuple[SessionBook, Any]]) -> float:
+        assert 1 <= len(batch) <= self.max_batch
+        depths = [book.committed for book, _ in batch]
+        for book, _ in batch:
+            assert book.pending >= self.grid
+            book.committed_chunk()
+            if book.checkpoint_due():
+                book.took_checkpoint()
+        self.passes.append([(id(book), d) for (book, _), d in zip(batch, depths, strict=True)])
+        return self._cost(depths)
+
+    def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None:
+        if book.checkpoint_due():
+            book.took_checkpoint()
+
+    def roll_back(self, tensors: Any, resume_at: int) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+
+def facade(reader: CostedReader, clock: FakeClock) -> Shadow:
+    return Shadow(reader, prompter=None, clock=clock, memory=Memory())  # type: ignore[arg-type]
+
+
+def fed(sh: Shadow, clock: FakeClock, backlogs: dict[str, int]) -> None:
+    for i, (name, chunks) in enumerate(backlogs.items()):
+        clock.advance(1.0)  # the later fed, the more recently used
+        sh.feed_prompt(name, [(i * 7 + j) % 1000 for j in range(chunks * GRID)])
+
+
+def test_a_read_takes_passes_of_up_to_max_batch_in_flight_nearest_to_fresh_first_then_most_recently_used() -> None:
+    clock = FakeClock()
+    reader = CostedReader(max_batch=2)
+    sh = facade(reader, clock)
+    fed(sh, clock, {"old": 1, "flight-small": 1, "recent": 1, "flight-big": 3})
+    got = sh.read(first=["flight-small", "flight-big"])
+    sessions = [c.session for c in got]
+    assert sessions == ["flight-small", "flight-big",  # the turns in flight, the one nearest to fresh first
+                        "flight-big", "recent",  # then the rest, the most recently used first
+                        "flight-big", "old"]
+    assert [len(p) for p in reader.passes] == [2, 2, 2] and all(c.batch == 2 for c in got)
+    assert [c.first_row for c in got if c.session == "flight-big"] == [0, GRID, 2 * GRID]
+    assert sh.backlogs() == dict.fromkeys(["old", "flight-small", "recent", "flight-big"], 0)
+    assert sh.lowest_ready_depth() is None and sh.ready() == []
+
+
+def test_a_chunk_carries_its_share_of_the_pass_and_the_pass_cost_is_kept_once_by_batch_and_depth() -> None:
+    clock = FakeClock()
+    reader = CostedReader(max_batch=4, base=0.004, per_row=0.0, share=0.5)
+    sh = facade(reader, clock)
+    assert sh.costs.estimate([0]) is None  # nothing measured: the first pass starts on any budget
+    fed(sh, clock, {"a": 2, "b": 2, "c": 2})
+    first = sh.read(max_chunks=3)
+    assert [c.batch for c in first] == [3, 3, 3]
+    assert sum(c.cost_s for c in first) == pytest.approx(3 * 0.004 * 0.5)
+    assert all(c.cost_s == pytest.approx(0.002) for c in first)
+    assert sh.costs.estimate([GRID, GRID, GRID]) == pytest.approx(0.006)
+    assert sh.costs.per_chunk(3, 0) == pytest.approx(0.002)
+    # a batch size never measured is estimated at one session's cost each, once that is known
+    assert sh.costs.estimate([0, 0]) == pytest.approx(0.004)
+    sh.read("a")  # a use of one session: a pass of one, recorded as such
+    assert sh.costs.per_chunk(1, GRID) == pytest.approx(0.004)
+    assert sh.costs.estimate([0, 0]) == pytest.approx(0.008)
+
+
+def test_a_pass_shrinks_until_its_estimate_fits_what_is_left_of_the_budget() -> None:
+    clock = FakeClock()
+    reader = CostedReader(max_batch=4, base=0.010, per_row=0.0, share=1.0)
+    sh = facade(reader, clock)
+    fed(sh, clock, {"a": 3, "b": 3, "c": 3, "d": 3})
+    sh.read(max_chunks=4)  # measured: 10 ms a session at batch 4
+    got = sh.read(budget_s=0.025, first=["a", "b", "c", "d"])
+    # 40 ms for four does not fit 25, nor 30 for three (never measured: 10 each); two fit, then none
+    assert [c.batch for c in got] == [2, 2]
+    assert sum(c.cost_s for c in got) <= 0.025
+    assert sh.read(budget_s=0.005) == []  # not even one chunk fits
+    assert fits(0.0, None, 0.001) and not fits(0.001, None, 1.0) and not fits(0.0, 0.0, 0.0)
+
+
+def test_the_first_pass_may_be_free_and_stop_is_asked_before_every_pass() -> None:
+    clock = FakeClock()
+    reader = CostedReader(max_batch=1, base=0.010)
+    sh = facade(reader, clock)
+    fed(sh, clock, {"a": 5})
+    sh.read("a", max_chunks=1)
+    assert sh.read(budget_s=0.001) == []
+    assert len(sh.read(budget_s=0.001, first_pass_free=True)) == 1  # (the idle window's first pass)
+    passes: list[int] = []
+    got = sh.read(stop=lambda: len(passes) >= 2, on_pass=lambda chunks, est, t0, t1: passes.append(len(chunks)))
+    assert len(got) == 2 and passes == [1, 1]
+    assert sh.backlog("a") == GRID
+
+
+def test_the_cost_table_falls_back_nearest_depth_then_one_session_each() -> None:
+    costs = ChunkCosts(bucket=1000)
+    costs.record([0], 0.003)
+    costs.record([50_000], 0.005)
+    costs.record([0, 0, 0, 0], 0.004)
+    assert costs.per_chunk(1, 999) == 0.003 and costs.per_chunk(1, 40_000) == 0.005
+    assert costs.per_chunk(4, 90_000) == 0.001  # the nearest depth measured at that batch size
+    assert costs.estimate([50_000, 50_000]) == pytest.approx(0.010)  # batch 2 unmeasured: alone, each
+    assert costs.estimate([0, 2000]) == pytest.approx(0.006)  # a pass is keyed by its mean depth
+    assert costs.as_dict() == {"1x0": 3.0, "1x50000": 5.0, "4x0": 1.0}
+    with pytest.raises(ValueError):
+        costs.record([], 0.1)
+
+
+def test_decoding_time_counts_once_however_many_turns_decode_at_once() -> None:
+    clock = FakeClock(0.0)
+    a = HostActivity(clock=clock)
+    a.record_started("r1", "s1")
+    clock.advance(5.0)  # a prefill: not decoding
+    a.record_first_token("r1")
+    clock.advance(2.0)
+    a.record_started("r2", "s2")
+    a.record_round_ended("r2", 3)  # its first token came with this round
+    clock.advance(3.0)  # two decode at once: counted once
+    assert a.decoding_s() == pytest.approx(5.0)
+    a.record_finished("r1")
+    clock.advance(1.0)
+    a.record_finished("r2")
+    clock.advance(10.0)  # nobody decodes
+    assert a.decoding_s() == pytest.approx(6.0)
+    assert a.sessions_in_flight() == []
+
+
+def test_a_ration_slice_is_written_through_the_activity() -> None:
+    a = HostActivity(clock=FakeClock())
+    a.record_started("r1", "s1")
+    assert a.sessions_in_flight() == ["s1"]
+    a.record_ration("r1", 0.003, 1, 0.01)
+    turn = a.record_ration("r1", 0.002, 2, 0.02)
+    assert (turn.spent_s, turn.chunks, turn.budget_s) == (pytest.approx(0.005), 3, 0.02)
