@@ -17,7 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
-from shadow.backends.stores.disk import _checksum
+from shadow.backends.stores.parked import checksum as _checksum
+from shadow.core.slot import Slot
 
 from .parking import T0, assert_exact, ids_for, make
 
@@ -222,3 +223,44 @@ def test_a_kill_while_sessions_are_resident_leaves_their_last_park(ckpt, tmp_pat
     for name in ("a", "b"):
         assert_exact(sh, name)
     assert list(sh.session_ids("b")) == b_now
+
+
+# ---- nothing a file holds raises out of the store ---------------------------------------------
+
+DEEP_BOOK = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError on it, not ValueError
+
+
+def test_a_deeply_nested_book_is_refused_and_the_slot_loads(ckpt, tmp_path):
+    disk = tmp_path / "d"
+    sh = make(ckpt, disk)
+    sh.feed_prompt("s", ids_for(1, 370))
+    sh.feed_prompt("t", ids_for(2, 300))
+    sh.read()
+    sh.park("s")
+    sh.park("t")
+    file = sh.disk._path("s")
+    _rewrite(file, {}, {"book": DEEP_BOOK})  # checksum right: only the checks on opening can tell
+    sh.restore("s")  # in this process: refused, not raised; the session is read again from its next prompt
+    assert not file.exists() and "RecursionError" in sh.disk.refused[-1][1]
+    sh.feed_prompt("s", ids_for(1, 370))
+    assert_exact(sh, "s")
+    sh.park("s")
+    sh.close()
+    _rewrite(file, {}, {"book": DEEP_BOOK})
+    slot = Slot(lambda: make(ckpt, disk), model=str(ckpt))  # what a new process's service loads
+    again = slot.load()
+    assert slot.state == "loaded" and again is not None, slot.error
+    assert again.sessions() == ["t"] and not file.exists()
+    assert "RecursionError" in again.disk.refused[-1][1]
+    assert_exact(again, "t")
+
+
+def test_metadata_fields_are_bounded_before_they_are_parsed(ckpt, tmp_path):
+    sh = make(ckpt, tmp_path / "d")
+    sh.feed_prompt("s", ids_for(1, 370))
+    sh.read()
+    sh.park("s")
+    _rewrite(sh.disk._path("s"), {}, {"parked_at": "1" * 5000})
+    sh.restore("s")
+    assert "longer than allowed" in sh.disk.refused[-1][1] and "parked_at" in sh.disk.refused[-1][1]
+
