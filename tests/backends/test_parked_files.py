@@ -264,3 +264,37 @@ def test_metadata_fields_are_bounded_before_they_are_parsed(ckpt, tmp_path):
     sh.restore("s")
     assert "longer than allowed" in sh.disk.refused[-1][1] and "parked_at" in sh.disk.refused[-1][1]
 
+
+# ---- restoring takes the park this process made ------------------------------------------------
+
+
+def test_an_older_park_put_back_is_refused_here_and_taken_by_a_new_process(ckpt, tmp_path):
+    disk = tmp_path / "d"
+    sh = make(ckpt, disk)
+    first = ids_for(1, 300)
+    sh.feed_prompt("s", first)
+    sh.read()
+    sh.park("s")
+    file = sh.disk._path("s")
+    older = file.read_bytes()
+    now = first + ids_for(2, 250)
+    sh.feed_prompt("s", now)
+    sh.read()
+    sh.park("s")
+    file.write_bytes(older)  # a valid file of this session, checksum and all: not the last park
+    sh.restore("s")  # refused, not put under the newer bookkeeping
+    assert "not the last park" in sh.disk.refused[-1][1] and not file.exists()
+    sh.feed_prompt("s", now)  # the host's next prompt, whole as always
+    assert_exact(sh, "s")
+    assert list(sh.session_ids("s")) == now
+    assert sh.ask("s", ids_for(3, 20), ["A", "B"]).label in ("A", "B")
+    sh.feed_output("s", ids_for(4, 100))
+    sh.read()  # the next read is fine
+    assert_exact(sh, "s")
+    sh.park("s")
+    sh.close()
+    file.write_bytes(older)  # a new process has no record of the last park: the file on disk is what it has
+    again = make(ckpt, disk)
+    assert again.sessions() == ["s"] and again.position("s").length == 300
+    assert_exact(again, "s")
+    assert again.disk.refused == []

@@ -79,6 +79,10 @@ class DiskStore:
         self.clock = clock
         self.refused: list[tuple[str, str]] = []  # (file, why): what was removed instead of loaded
         self._index: dict[str, dict[str, Any]] = {}
+        # The checksum of each park this process made: restoring takes that park and no other valid
+        # file put in its place (an older park of the same session would not match the bookkeeping).
+        # Files found at the start have none: a new process takes what is on disk (crash recovery).
+        self._made: dict[str, str] = {}
         self._scan()
 
     # ---- the folder ------------------------------------------------------------------------
@@ -135,6 +139,7 @@ class DiskStore:
         return None if e is None else Stored(e["bytes"], e["parked_at"], Position.from_meta(e["book"]))
 
     def remove(self, name: str) -> None:
+        self._made.pop(name, None)
         e = self._index.pop(name, None)
         if e is not None:
             e["path"].unlink(missing_ok=True)
@@ -167,6 +172,7 @@ class DiskStore:
             raise StoreError(f"could not park session {name!r} in {self.root}: {e}") from e
         size = final.stat().st_size
         self._index[name] = {"path": final, "bytes": size, "parked_at": now, "book": book.meta()}
+        self._made[name] = meta["checksum"]
         self.sweep()
         return size
 
@@ -181,6 +187,7 @@ class DiskStore:
 
     def _load(self, name: str, keep: bool) -> tuple[SessionBook, Any] | None:
         e = self._index.pop(name, None)
+        made = self._made.pop(name, None)
         if e is None:
             return None
         path: Path = e["path"]
@@ -188,7 +195,7 @@ class DiskStore:
         if meta is None:
             return None
         try:
-            book, data = parked.load(path, meta, name, self.reader.vocab_size)
+            book, data = parked.load(path, meta, name, self.reader.vocab_size, made)
             tensors = self.reader.deserialise(book, data)
         except Refused as err:
             self._refuse(path, str(err))
@@ -198,6 +205,8 @@ class DiskStore:
             return None
         if keep:
             self._index[name] = e
+            if made is not None:
+                self._made[name] = made
         else:
             path.unlink(missing_ok=True)  # the session lives on the device again; its file is stale from here
         return book, tensors
