@@ -115,6 +115,12 @@ class StoreStatus(_Part):
     disk: bool | UnsetType = UNSET
     park_failures: int | UnsetType = UNSET
     last_store_error: str | UnsetType = UNSET
+    # bounds (issue 22): dropped sessions' ids (in the cap), the process's RSS, the session limit
+    dropped_bytes: int | UnsetType = UNSET
+    rss_bytes: int | UnsetType | None = UNSET
+    max_sessions: int | UnsetType | None = UNSET
+    forgotten: int | UnsetType = UNSET
+    last_forgotten: str | UnsetType = UNSET
 
 
 class RouterRecord(_Part):

@@ -50,13 +50,14 @@ class Shadow:
     """
 
     def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic, *,
-                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None) -> None:
+                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
+                 max_sessions: int | None = None) -> None:
         self.reader = reader
         self.prompter = prompter
         self.clock = clock
         self.grid = reader.grid
         self.residency = Residency(reader.grid, reader.new_session, clock, memory=memory, disk=disk,
-                                   cap_bytes=cap_bytes)
+                                   cap_bytes=cap_bytes, max_sessions=max_sessions)
         self._lock = self.residency.lock
         self._last_cost_s: dict[str, float] = {}  # per session: the estimate of its next chunk
 
@@ -349,6 +350,7 @@ class Shadow:
                 "disk": self.disk is not None,
                 "park_failures": self.residency.park_failures,
                 "last_store_error": self.residency.last_store_error,
+                **self.residency.bounds(),
                 "sessions": {name: self.session_status(name) for name in self.residency.names()},
             }
 

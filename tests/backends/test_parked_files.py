@@ -72,8 +72,10 @@ def test_exchanged_files_are_refused_in_this_process_and_the_next(ckpt, tmp_path
     a, b = files["alpha"].read_bytes(), files["bravo"].read_bytes()
     files["alpha"].write_bytes(b)
     files["bravo"].write_bytes(a)
-    assert_exact(sh, "alpha")  # not bravo's tensors under alpha's ids: refused, and read again
-    assert list(sh.session_ids("alpha")) == ids_for(1, 300)
+    assert_exact(sh, "alpha")  # not bravo's tensors under alpha's ids: refused
+    assert list(sh.session_ids("alpha")) == []  # its ids were in its file: the host's next prompt brings them
+    sh.feed_prompt("alpha", ids_for(1, 300))
+    assert_exact(sh, "alpha")
     assert any("holds session 'bravo'" in why for _, why in sh.disk.refused)
     sh.close()
     files["alpha"].write_bytes(b)  # and again, for a process that finds them at its start
@@ -173,8 +175,10 @@ def test_bad_metadata_is_refused_on_opening(ckpt, tmp_path, case):
     sh.park("s")
     file = sh.disk._path("s")
     _rewrite(file, book, meta)
-    assert_exact(sh, "s")  # in this process: refused on opening, and read again
-    assert not file.exists() and why in sh.disk.refused[-1][1]
+    sh.restore("s")  # in this process: refused on opening; the session waits for the host's next prompt
+    assert not file.exists() and why in sh.disk.refused[-1][1] and sh.session_ids("s") == ()
+    sh.feed_prompt("s", ids_for(1, 370))
+    assert_exact(sh, "s")
     sh.park("s")
     sh.close()
     _rewrite(file, book, meta)
