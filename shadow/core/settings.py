@@ -77,6 +77,8 @@ class ShadowSettings(BaseSettings):
     max_session_ids: int = Field(2_000_000, description="most ids one session holds; a feed beyond is refused (400)")
     max_sessions: int = Field(1000, description="sessions known at once; beyond, the least recently used is "
                                                 "forgotten (logged, counted in status)")
+    max_arrived: int = Field(1024, description="requests announced (arrived) and not finished at once; one "
+                                               "more is refused (429)")
 
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
@@ -218,7 +220,7 @@ class ShadowSettings(BaseSettings):
             raise ValueError("must be at least 1")
         return v
 
-    @field_validator("max_sessions")
+    @field_validator("max_sessions", "max_arrived")
     @classmethod
     def _at_least_one(cls, v: int) -> int:
         if v < 1:
