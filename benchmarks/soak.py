@@ -2,7 +2,8 @@
 disk full for a while, one kill -9 and restart, and every live session checked bit for bit at the end.
 
     .venv/bin/python benchmarks/soak.py --minutes 60 --out benchmarks/results/soak.json
-    .venv/bin/python benchmarks/soak.py --minutes 3          # the short form (tests/benchmarks/test_soak.py)
+    .venv/bin/python benchmarks/soak.py --minutes 3 --turns 2 --max-ids 4000   # the short form, in CI
+                                                       # (tests/benchmarks/test_soak.py)
 
 - The model: the demo checkpoint (random weights, the real vocabulary) written to a working folder;
   CPU, float32. The sessions: up to ``--sessions`` real timelines rendered from ../shared/data
@@ -388,7 +389,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def load_sessions(n: int, turns: int, data: Path) -> tuple[list[Sess], str]:
+def load_sessions(n: int, turns: int, data: Path, max_ids: int | None = None) -> tuple[list[Sess], str]:
     from shadow.adapters.transcripts import demo_transcript, discover, load_transcript, render_turns
 
     shared = data / "sessions"
@@ -396,15 +397,22 @@ def load_sessions(n: int, turns: int, data: Path) -> tuple[list[Sess], str]:
     if shared.is_dir():
         for path in discover(shared):
             found.extend(load_transcript(path))
-        source = f"../shared/data/sessions ({len(found)} transcripts, the first {turns} turns of each)"
+        source = (f"{shared} ({len(found)} transcripts, the first {turns} turns of each"
+                  f"{'' if max_ids is None else f' holding at most {max_ids} ids'})")
     if not found:
-        found = [demo_transcript()]
+        found, max_ids = [demo_transcript()], None
         source = "shadow/data/demo (../shared absent)"
     rendered = []
-    for tr in found[:n]:
+    for tr in found:
+        if len(rendered) >= n:
+            break
         tt = render_turns(tr, indices=range(min(turns, len(tr.requests))))
-        if tt:
-            rendered.append([(list(t.prompt_ids), list(t.output_ids)) for t in tt])
+        kept = [(list(t.prompt_ids), list(t.output_ids)) for t in tt
+                if max_ids is None or len(t.prompt_ids) + len(t.output_ids) <= max_ids]
+        if kept:
+            rendered.append(kept)
+    if not rendered:
+        raise SystemExit(f"no turn of {source} holds at most {max_ids} ids")
     return [Sess(f"soak-{i:02d}", rendered[i % len(rendered)]) for i in range(n)], source
 
 
@@ -414,6 +422,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--sessions", type=int, default=50)
     ap.add_argument("--threads", type=int, default=10)
     ap.add_argument("--turns", type=int, default=8, help="turns taken from each transcript")
+    ap.add_argument("--max-ids", type=int, default=None, help="leave out turns of more ids (a short run's end check)")
     ap.add_argument("--cap-mib", type=float, default=4.0, help="GB cap of the server, MiB (tiny: parking all the time)")
     ap.add_argument("--grid", type=int, default=512)
     ap.add_argument("--disk-full-s", type=float, default=60.0)
@@ -421,7 +430,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--work", default="", help="working folder (default: a temporary one)")
     ap.add_argument("--out", default="", help="where the JSON report goes")
     args = ap.parse_args(argv)
-    sessions, source = load_sessions(args.sessions, args.turns, Path(args.data))
+    sessions, source = load_sessions(args.sessions, args.turns, Path(args.data), args.max_ids)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         work = Path(args.work) if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

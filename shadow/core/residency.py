@@ -138,9 +138,13 @@ class Residency:
             return self._entry(session).awaits_use
 
     def used(self, session: str) -> None:
-        """A use that needs no state (output ids appended): the session may be read again."""
+        """A use that needs no state (output ids appended): the session may be read again. The ids
+        it now holds count against the cap as any use's do."""
         with self.lock:
-            self._entry(session).awaits_use = False
+            entry = self._entry(session)
+            entry.awaits_use = False
+            entry.last_used = self.clock()
+            self._enforce_cap()
 
     def held_book(self, session: str) -> SessionBook | None:
         """The book of a session whose bookkeeping is at hand (resident or dropped): what a change

@@ -297,3 +297,17 @@ def test_beyond_max_sessions_the_least_recently_used_is_forgotten(caplog):
     r.park("a")
     feed(r, "e", 10)  # a parked session is forgotten like any other: its file goes too
     assert sorted(r.names()) == ["c", "d", "e"] and "a" not in disk.files
+
+
+def test_ids_appended_without_a_restore_count_against_the_cap():
+    r, _ = residency(None, cap=18_000, size=10_000)
+    feed(r, "a", 200)
+    feed(r, "b", 10)  # a is dropped: 7,200 bytes of ids, b resident: 10,000
+    assert r.where("a") == "dropped" and r.resident_bytes() + r.dropped_bytes() <= 18_000
+    book = r.held_book("a")
+    assert book is not None
+    book.feed_output(list(range(100)))  # output appended to a dropped session: its bookkeeping only
+    r.clock.advance(1.0)
+    r.used("a")  # 10,800 bytes of ids now: b, the least recently used, is evicted (dropped: no disk)
+    assert r.resident_bytes() + r.dropped_bytes() <= 18_000
+    assert [r.where(n) for n in "ab"] == ["dropped", "dropped"] and r.dropped_bytes() == 10_800 + 360
