@@ -96,7 +96,8 @@ def _prompter() -> QwenPrompter:
 def _shadow(reader: TorchReader, prompter: QwenPrompter, memory: MemoryStore, disk: DiskStore | None,
             settings: ShadowSettings) -> Shadow:
     # Concrete types in, protocols out: the checker verifies each backend against its Protocol here.
-    return Shadow(reader, prompter, memory=memory, disk=disk, cap_bytes=int(settings.gb * 2**30))
+    return Shadow(reader, prompter, memory=memory, disk=disk, cap_bytes=int(settings.gb * 2**30),
+                  max_sessions=settings.max_sessions)
 
 
 # ---- the service -------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ class HostTurns:
     # ---- a turn ----------------------------------------------------------------------------------
 
     def arrived(self, request_id: str) -> TurnTimeline:
-        return self.activity.record_arrived(request_id)
+        return self.activity.record_arrived(request_id, limit=self.settings.max_arrived)
 
     def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
                 messages: Sequence[Mapping[str, Any]] | None = None,

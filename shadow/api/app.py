@@ -25,12 +25,13 @@ provider) and the service's idle loop, and makes a planned stop on the way out. 
 ==========================  ======================================================================
 
 Errors are JSON ``{"status_code", "detail"}``: 400 bad input (malformed or too deeply nested JSON,
-wrong types: bodies are decoded strictly, ``"17"`` is not a token id; ids out of the vocabulary,
-choices that are not one token, a session beyond ``MAX_SESSION_IDS``, a hold beyond ``MAX_HOLD_S``,
-a foreign ``Host``), 401 no token when ``QWEN38_SHADOW_TOKEN`` is set, 403 a browser ``Origin`` not
-allowed, 404 unknown session, request or hold, 413 a body over ``QWEN38_SHADOW_MAX_BODY_KB``, 415 a
-body that is not ``application/json``, 429 more holds than ``MAX_HOLDS``, 503 the shadow off or its
-model not loaded yet (``guard.py`` says why each refusal before a route).
+wrong types: bodies are decoded strictly, ``"17"`` and ``1.5`` are not token ids, ``373.0`` is; ids
+out of the vocabulary, choices that are not one token, a session beyond ``MAX_SESSION_IDS``, a hold
+beyond ``MAX_HOLD_S``, a foreign ``Host``), 401 no token when ``QWEN38_SHADOW_TOKEN`` is set, 403 a
+browser ``Origin`` not allowed, 404 unknown session, request or hold, 413 a body over
+``QWEN38_SHADOW_MAX_BODY_KB``, 415 a body that is not ``application/json``, 429 more holds than
+``MAX_HOLDS`` or live requests than ``MAX_ARRIVED``, 503 the shadow off or its model not loaded yet
+(``guard.py`` says why each refusal before a route).
 The OpenAPI schema is served at ``/schema/openapi.json``.
 """
 
@@ -284,14 +285,33 @@ def _http_problem(request: Request[Any, Any, Any], exc: HTTPException) -> Respon
                     headers=exc.headers)
 
 
+def _integral(obj: Any) -> Any:
+    """``obj`` with every float that has no fractional part made an int (``373.0`` -> ``373``)."""
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, list):
+        return [_integral(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _integral(v) for k, v in obj.items()}
+    return obj
+
+
 async def _strict_body(request: Request[Any, Any, Any]) -> None:
     """Decode the body strictly (msgspec's default) before Litestar's own lenient conversion, which
-    takes ``"17"`` and ``1e3`` as ints; a wrong type, a malformed or a too deeply nested body is 400."""
+    takes ``"17"`` as an int; a wrong type, a malformed or a too deeply nested body is 400. A number
+    with no fractional part (``373.0``, ``1e3``) is the integer the OpenAPI schema says it is (JSON
+    Schema's ``integer``): taken where an int is, on a second, slower pass only when the first fails."""
     field = request.route_handler.parsed_fn_signature.parameters.get("data")
     if field is None:
         return
     try:
-        msgspec.json.decode(await request.body(), type=field.annotation)
+        body = await request.body()
+        try:
+            msgspec.json.decode(body, type=field.annotation)
+        except msgspec.ValidationError as err:
+            if "got `float`" not in str(err):
+                raise
+            msgspec.convert(_integral(msgspec.json.decode(body)), type=field.annotation, strict=True)
     except msgspec.ValidationError as err:
         raise HTTPException(status_code=HTTP_400_BAD_REQUEST, detail=f"wrong body: {err}") from None
     except msgspec.DecodeError as err:

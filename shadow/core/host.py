@@ -211,12 +211,16 @@ class HostActivity:
 
     # ---- what the host reported --------------------------------------------------------------
 
-    def record_arrived(self, request_id: str) -> TurnTimeline:
-        """A request is queued for the engine: the idle window stops before its next chunk."""
+    def record_arrived(self, request_id: str, limit: int | None = None) -> TurnTimeline:
+        """A request is queued for the engine: the idle window stops before its next chunk. With
+        ``limit``, refused (``TooMany``) while that many requests are live (announced, not finished)."""
         now = self.clock()
         with self._mu:
             if request_id in self._turns:
                 raise BadInput(f"request {request_id!r} was already announced")
+            if limit is not None and len(self._turns) >= limit:
+                raise TooMany(f"{len(self._turns)} requests are live, the most QWEN38_SHADOW_MAX_ARRIVED allows: "
+                              "finish one first")
             turn = self._turns[request_id] = TurnTimeline(request_id, arrived_s=now, last_event_s=now)
             return turn
 

@@ -127,6 +127,24 @@ class StoreStatus:
     disk: bool
     park_failures: int
     last_store_error: str
+    # the bounds beside the cap: ids dropped sessions keep (counted in it), the process's resident
+    # memory, the session limit and what was forgotten to keep within it
+    dropped_bytes: int = 0
+    rss_bytes: int | None = None
+    max_sessions: int | None = None
+    forgotten: int = 0
+    last_forgotten: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What the residency bounds besides the cap (``Residency.bounds``)."""
+
+    dropped_bytes: int
+    rss_bytes: int | None
+    max_sessions: int | None
+    forgotten: int
+    last_forgotten: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,10 +10,20 @@ disk, reading one session must not drop another only to read that one again, wit
 re-entrant lock serialises every call, so the session a call uses is never evicted under it; a
 session larger than the cap is resident while in use and parked as soon as the use ends.
 Torch-free: the tensors are the stores' and the reader's.
+
+Every byte held for a session is counted or bounded. A parked session keeps its position here
+(through the disk's index) and its ids in its file only, reloaded on restore; a file refused then
+leaves the session empty, to be fed again by the host's next prompt (a whole prompt, as always).
+A dropped session keeps its ids to be read again, and they count against the cap: past it, once
+no resident session is left to evict, the least recently used dropped sessions are forgotten.
+Beyond ``max_sessions`` the least recently used session not in use is forgotten. Both are logged
+and counted in ``forgotten``.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,27 +32,43 @@ from typing import Any, Literal
 
 from .errors import BadInput, StoreError, UnknownSession
 from .protocols import StateStore
+from .records import Bounds
 from .session import Position, SessionBook
 
 Where = Literal["resident", "parked", "dropped"]
+log = logging.getLogger(__name__)
+
+
+def process_rss() -> int | None:
+    """The process's resident memory in bytes (Linux ``/proc/self/statm``), None where unknown."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass
 class _Entry:
     where: Where
-    book: SessionBook | None  # None: parked by an earlier process; the book is in its file
+    book: SessionBook | None  # None while parked: the book and ids are in its file
     awaits_use: bool = False  # dropped and not used since: the background leaves it alone
+    last_used: float = 0.0  # for forgetting the least recently used (parked ones have no book here)
 
 
 class Residency:
     def __init__(self, grid: int, new_tensors: Callable[[], Any], clock: Callable[[], float], *,
-                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None) -> None:
+                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
+                 max_sessions: int | None = None) -> None:
         self.grid = grid
         self.new_tensors = new_tensors
         self.clock = clock
         self.memory = memory
         self.disk = disk
         self.cap_bytes = cap_bytes
+        self.max_sessions = max_sessions
+        self.forgotten = 0  # sessions forgotten to stay within the cap or max_sessions
+        self.last_forgotten = ""  # the last one, and why
         self.park_failures = 0
         self.last_store_error = ""
         self.lock = threading.RLock()
@@ -50,7 +76,9 @@ class Residency:
         self._in_use: set[str] = set()
         if disk is not None:  # sessions a planned stop parked, found again
             for name in disk.names():
-                self._known[name] = _Entry("parked", None)
+                info = disk.info(name)
+                seen = info.position.last_used if info is not None and info.position is not None else 0.0
+                self._known[name] = _Entry("parked", None, last_used=seen)
 
     # ---- what is known -----------------------------------------------------------------------
 
@@ -111,9 +139,13 @@ class Residency:
             return self._entry(session).awaits_use
 
     def used(self, session: str) -> None:
-        """A use that needs no state (output ids appended): the session may be read again."""
+        """A use that needs no state (output ids appended): the session may be read again. The ids
+        it now holds count against the cap as any use's do."""
         with self.lock:
-            self._entry(session).awaits_use = False
+            entry = self._entry(session)
+            entry.awaits_use = False
+            entry.last_used = self.clock()
+            self._enforce_cap()
 
     def held_book(self, session: str) -> SessionBook | None:
         """The book of a session whose bookkeeping is at hand (resident or dropped): what a change
@@ -134,13 +166,14 @@ class Residency:
                 if not create:
                     raise UnknownSession(f"unknown session {session!r}")
                 entry = self._known[session] = _Entry("resident", SessionBook(self.grid))
+                self._limit_sessions(session)
             if not background:
                 entry.awaits_use = False
             self._in_use.add(session)
             try:
                 book, tensors = self._make_resident(session, entry)
                 yield book, tensors
-                book.last_used = self.clock()
+                book.last_used = entry.last_used = self.clock()
             finally:
                 self._in_use.discard(session)
                 self._enforce_cap()
@@ -174,7 +207,7 @@ class Residency:
         if self.disk is not None:
             try:
                 self.disk.put(name, book, tensors)
-                entry.where = "parked"
+                entry.where, entry.book = "parked", None  # the ids live in the file until restored
                 return
             except StoreError as err:
                 self.park_failures += 1
@@ -199,21 +232,58 @@ class Residency:
         with self.lock:
             return sum(self.bytes_resident(n) for n in self.memory.names())
 
+    @staticmethod
+    def _ids_kept(entry: _Entry) -> int:
+        return entry.book.ids_nbytes() if entry.where == "dropped" and entry.book is not None else 0
+
+    def dropped_bytes(self) -> int:
+        """The ids dropped sessions keep to be read again: counted against the cap."""
+        with self.lock:
+            return sum(self._ids_kept(e) for e in self._known.values())
+
+    def bounds(self) -> Bounds:
+        """What status shows beside the cap: the ids dropped sessions keep (counted in it), the
+        process's resident memory, the session limit and what was forgotten to keep within them."""
+        with self.lock:
+            return Bounds(self.dropped_bytes(), process_rss(), self.max_sessions, self.forgotten,
+                          self.last_forgotten)
+
+    def _idle_by_age(self, names: Iterator[str] | list[str]) -> list[str]:
+        return sorted((n for n in names if n not in self._in_use), key=lambda n: self._known[n].last_used)
+
     def _enforce_cap(self) -> None:
+        """Least recently used first: a resident session is parked (or dropped), a dropped one is
+        forgotten; then, if its ids still do not fit, each session just dropped, oldest first."""
         if self.cap_bytes is None:
             return
-        total = self.resident_bytes()
+        total = self.resident_bytes() + self.dropped_bytes()
+        for final in (False, True):
+            held = [n for n, e in self._known.items() if e.where == "dropped" or (not final and e.where == "resident")]
+            for name in self._idle_by_age(held):
+                if total <= self.cap_bytes:
+                    return
+                entry = self._known[name]
+                if entry.where == "resident":
+                    total -= self.bytes_resident(name)
+                    self._evict(name)
+                    total += self._ids_kept(entry)
+                else:
+                    total -= entry.book.ids_nbytes() if entry.book else 0
+                    self._forget_for(name, f"its ids to read again would take the cap past {self.cap_bytes} bytes")
 
-        def last_used(name: str) -> float:
-            book = self._known[name].book
-            return book.last_used if book is not None else 0.0
+    def _limit_sessions(self, new: str) -> None:
+        if self.max_sessions is None or len(self._known) <= self.max_sessions:
+            return
+        for name in self._idle_by_age([n for n in self._known if n != new]):
+            if len(self._known) <= self.max_sessions:
+                return
+            self._forget_for(name, f"more than MAX_SESSIONS={self.max_sessions} sessions")
 
-        idle = sorted((n for n in self.memory.names() if n not in self._in_use), key=last_used)
-        for name in idle:
-            if total <= self.cap_bytes:
-                break
-            total -= self.bytes_resident(name)
-            self._evict(name)
+    def _forget_for(self, name: str, why: str) -> None:
+        self.forget(name)
+        self.forgotten += 1
+        self.last_forgotten = f"{name}: {why}"
+        log.warning("forgot session %r, the least recently used: %s", name, why)
 
     def restore(self, session: str) -> None:
         """Bring ``session`` back now (from its parked file, or empty to be read again)."""

@@ -75,6 +75,10 @@ class ShadowSettings(BaseSettings):
     max_hold_s: float = Field(MAX_HOLD_S, description=f"longest time to live of a hold, seconds (at most "
                                                       f"{MAX_HOLD_S:g}, which the API's schema states)")
     max_session_ids: int = Field(2_000_000, description="most ids one session holds; a feed beyond is refused (400)")
+    max_sessions: int = Field(1000, description="sessions known at once; beyond, the least recently used is "
+                                                "forgotten (logged, counted in status)")
+    max_arrived: int = Field(1024, description="requests announced (arrived) and not finished at once; one "
+                                               "more is refused (429)")
 
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
@@ -229,6 +233,13 @@ class ShadowSettings(BaseSettings):
     @field_validator("max_body_kb", "max_holds", "max_session_ids", "narrator_max_tokens")
     @classmethod
     def _body(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+    @field_validator("max_sessions", "max_arrived")
+    @classmethod
+    def _at_least_one(cls, v: int) -> int:
         if v < 1:
             raise ValueError("must be at least 1")
         return v

@@ -40,13 +40,14 @@ class Shadow:
     """
 
     def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic, *,
-                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None) -> None:
+                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
+                 max_sessions: int | None = None) -> None:
         self.reader = reader
         self.prompter = prompter
         self.clock = clock
         self.grid = reader.grid
         self.residency = Residency(reader.grid, reader.new_session, clock, memory=memory, disk=disk,
-                                   cap_bytes=cap_bytes)
+                                   cap_bytes=cap_bytes, max_sessions=max_sessions)
         self._lock = self.residency.lock
         self.costs = ChunkCosts()  # what a pass costs, by batch size and depth: every plan reads it
         self._ready: set[str] = set()  # sessions with a whole chunk pending (a superset: see ``ready``)
@@ -403,9 +404,12 @@ class Shadow:
 
     def status(self) -> ShadowStatus:
         with self._lock:
+            b = self.residency.bounds()
             store = StoreStatus(grid=self.grid, resident_bytes=self.resident_bytes(), cap_bytes=self.cap_bytes,
                                 disk=self.disk is not None, park_failures=self.residency.park_failures,
-                                last_store_error=self.residency.last_store_error)
+                                last_store_error=self.residency.last_store_error, dropped_bytes=b.dropped_bytes,
+                                rss_bytes=b.rss_bytes, max_sessions=b.max_sessions, forgotten=b.forgotten,
+                                last_forgotten=b.last_forgotten)
             lines = {name: self.session_status(name) for name in self.residency.names()}
             return ShadowStatus(store, {name: line for name, line in lines.items() if line is not None})
 

@@ -18,7 +18,8 @@ from shadow.cli import main
 from tests.conftest import GRID, ids, make_container, make_settings, wait_until
 
 ALLOWED = "https://ok.example"
-LIMITS = dict(max_holds=2, max_hold_s=100.0, max_session_ids=3 * GRID, allowed_origins=ALLOWED + "/")
+LIMITS = dict(max_holds=2, max_hold_s=100.0, max_session_ids=3 * GRID, allowed_origins=ALLOWED + "/",
+              max_arrived=500)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def problem(r: httpx.Response, code: int, *words: str) -> None:
 
 
 def test_bodies_are_decoded_strictly_and_deep_json_is_400(served) -> None:
-    server, _ = served
+    server, container = served
     with ShadowClient(server.url) as host:
         host.feed_prompt("strict", ids(100))
         deep = "[" * 5000 + "]" * 5000
@@ -53,12 +54,18 @@ def test_bodies_are_decoded_strictly_and_deep_json_is_400(served) -> None:
         problem(raw(server, "/feed/prompt", body + "}}"), 400, "nested too deeply")
         problem(raw(server, "/feed/prompt", deep), 400)
         problem(raw(server, "/feed/output", '{"session": "strict", "ids": ["17"]}'), 400, "Expected `int`", "ids[0]")
-        problem(raw(server, "/feed/output", '{"session": "strict", "ids": [1e3]}'), 400, "Expected `int`")
+        problem(raw(server, "/feed/output", '{"session": "strict", "ids": [1.5]}'), 400, "Expected `int`", "ids[0]")
+        problem(raw(server, "/feed/output", '{"session": "strict", "ids": [373.0, 2.5e-1]}'), 400, "ids[1]")
+        problem(raw(server, "/feed/output", '{"session": "strict", "ids": [1e300]}'), 400, "ids[0]")
         problem(raw(server, "/host/holds", '{"ttl_s": "5"}'), 400, "Expected `float`, got `str`", "ttl_s")
         problem(raw(server, "/feed/output", '{"session": "strict", "ids": [17'), 400, "malformed")
         assert host.status().sessions["strict"].ids == 100  # nothing of the refused bodies got in
         assert host.status().host.holds == 0
         assert raw(server, "/feed/output", '{"session": "strict", "ids": [17, 1000]}').status_code == 200
+        # The schema says integer, and JSON Schema's integer is any number without a fraction: so does the decoder.
+        assert raw(server, "/feed/output", '{"session": "strict", "ids": [373.0, 1e3]}').status_code == 200
+        assert host.status().sessions["strict"].ids == 104
+        assert list(container.shadow().session_ids("strict")[-4:]) == [17, 1000, 373, 1000]
 
 
 def test_only_json_from_our_host_and_no_foreign_browser_origin(served) -> None:
@@ -93,6 +100,25 @@ def test_holds_are_bounded_in_count_and_time(served) -> None:
         c = host.add_hold(5)
         host.release_hold(b)
         host.release_hold(c)
+
+
+def test_arrived_requests_are_bounded_like_holds(served) -> None:
+    server, _ = served
+    refused = 0
+    with ShadowClient(server.url) as host:
+        for i in range(2_000):  # the audit's case: any number of request ids, each shutting the idle window
+            try:
+                host.arrived(f"flood-{i}")
+            except ShadowHTTPError as err:
+                assert err.status_code == 429 and "MAX_ARRIVED" in str(err)
+                refused += 1
+        assert refused == 1_500 and host.status().host.waiting == 500
+        host.finished("flood-0")
+        host.arrived("flood-late")  # one finished: one more may arrive
+        for i in range(1, 500):
+            host.finished(f"flood-{i}")
+        host.finished("flood-late")
+        assert host.status().host.waiting == 0
 
 
 def test_a_session_is_bounded_and_kept_when_a_feed_is_refused(served) -> None:

@@ -17,7 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
-from shadow.backends.stores.disk import _checksum
+from shadow.backends.stores.parked import checksum as _checksum
+from shadow.core.slot import Slot
 
 from .parking import T0, assert_exact, ids_for, make
 
@@ -71,8 +72,10 @@ def test_exchanged_files_are_refused_in_this_process_and_the_next(ckpt, tmp_path
     a, b = files["alpha"].read_bytes(), files["bravo"].read_bytes()
     files["alpha"].write_bytes(b)
     files["bravo"].write_bytes(a)
-    assert_exact(sh, "alpha")  # not bravo's tensors under alpha's ids: refused, and read again
-    assert list(sh.session_ids("alpha")) == ids_for(1, 300)
+    assert_exact(sh, "alpha")  # not bravo's tensors under alpha's ids: refused
+    assert list(sh.session_ids("alpha")) == []  # its ids were in its file: the host's next prompt brings them
+    sh.feed_prompt("alpha", ids_for(1, 300))
+    assert_exact(sh, "alpha")
     assert any("holds session 'bravo'" in why for _, why in sh.disk.refused)
     sh.close()
     files["alpha"].write_bytes(b)  # and again, for a process that finds them at its start
@@ -172,8 +175,10 @@ def test_bad_metadata_is_refused_on_opening(ckpt, tmp_path, case):
     sh.park("s")
     file = sh.disk._path("s")
     _rewrite(file, book, meta)
-    assert_exact(sh, "s")  # in this process: refused on opening, and read again
-    assert not file.exists() and why in sh.disk.refused[-1][1]
+    sh.restore("s")  # in this process: refused on opening; the session waits for the host's next prompt
+    assert not file.exists() and why in sh.disk.refused[-1][1] and sh.session_ids("s") == ()
+    sh.feed_prompt("s", ids_for(1, 370))
+    assert_exact(sh, "s")
     sh.park("s")
     sh.close()
     _rewrite(file, book, meta)
@@ -222,3 +227,78 @@ def test_a_kill_while_sessions_are_resident_leaves_their_last_park(ckpt, tmp_pat
     for name in ("a", "b"):
         assert_exact(sh, name)
     assert list(sh.session_ids("b")) == b_now
+
+
+# ---- nothing a file holds raises out of the store ---------------------------------------------
+
+DEEP_BOOK = "[" * 100_000 + "]" * 100_000  # json.loads raises RecursionError on it, not ValueError
+
+
+def test_a_deeply_nested_book_is_refused_and_the_slot_loads(ckpt, tmp_path):
+    disk = tmp_path / "d"
+    sh = make(ckpt, disk)
+    sh.feed_prompt("s", ids_for(1, 370))
+    sh.feed_prompt("t", ids_for(2, 300))
+    sh.read()
+    sh.park("s")
+    sh.park("t")
+    file = sh.disk._path("s")
+    _rewrite(file, {}, {"book": DEEP_BOOK})  # checksum right: only the checks on opening can tell
+    sh.restore("s")  # in this process: refused, not raised; the session is read again from its next prompt
+    assert not file.exists() and "RecursionError" in sh.disk.refused[-1][1]
+    sh.feed_prompt("s", ids_for(1, 370))
+    assert_exact(sh, "s")
+    sh.park("s")
+    sh.close()
+    _rewrite(file, {}, {"book": DEEP_BOOK})
+    slot = Slot(lambda: make(ckpt, disk), model=str(ckpt))  # what a new process's service loads
+    again = slot.load()
+    assert slot.state == "loaded" and again is not None, slot.error
+    assert again.sessions() == ["t"] and not file.exists()
+    assert "RecursionError" in again.disk.refused[-1][1]
+    assert_exact(again, "t")
+
+
+def test_metadata_fields_are_bounded_before_they_are_parsed(ckpt, tmp_path):
+    sh = make(ckpt, tmp_path / "d")
+    sh.feed_prompt("s", ids_for(1, 370))
+    sh.read()
+    sh.park("s")
+    _rewrite(sh.disk._path("s"), {}, {"parked_at": "1" * 5000})
+    sh.restore("s")
+    assert "longer than allowed" in sh.disk.refused[-1][1] and "parked_at" in sh.disk.refused[-1][1]
+
+
+# ---- restoring takes the park this process made ------------------------------------------------
+
+
+def test_an_older_park_put_back_is_refused_here_and_taken_by_a_new_process(ckpt, tmp_path):
+    disk = tmp_path / "d"
+    sh = make(ckpt, disk)
+    first = ids_for(1, 300)
+    sh.feed_prompt("s", first)
+    sh.read()
+    sh.park("s")
+    file = sh.disk._path("s")
+    older = file.read_bytes()
+    now = first + ids_for(2, 250)
+    sh.feed_prompt("s", now)
+    sh.read()
+    sh.park("s")
+    file.write_bytes(older)  # a valid file of this session, checksum and all: not the last park
+    sh.restore("s")  # refused, not put under the newer bookkeeping
+    assert "not the last park" in sh.disk.refused[-1][1] and not file.exists()
+    sh.feed_prompt("s", now)  # the host's next prompt, whole as always
+    assert_exact(sh, "s")
+    assert list(sh.session_ids("s")) == now
+    assert sh.ask("s", ids_for(3, 20), ["A", "B"]).label in ("A", "B")
+    sh.feed_output("s", ids_for(4, 100))
+    sh.read()  # the next read is fine
+    assert_exact(sh, "s")
+    sh.park("s")
+    sh.close()
+    file.write_bytes(older)  # a new process has no record of the last park: the file on disk is what it has
+    again = make(ckpt, disk)
+    assert again.sessions() == ["s"] and again.position("s").length == 300
+    assert_exact(again, "s")
+    assert again.disk.refused == []

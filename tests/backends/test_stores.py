@@ -170,9 +170,11 @@ TAMPER = {
 def test_bad_file_refused_removed_and_read_again(ckpt, tmp_path, case):
     sh, _, file = _parked(ckpt, tmp_path / "d")
     TAMPER[case](file)
-    assert_exact(sh, "s")  # in this process: the file is refused and the ids are read again
-    assert not file.exists()
-    assert sh.disk.refused and sh.position("s").committed == 320
+    sh.restore("s")  # in this process: the file is refused; the ids were in it, so the session is empty ...
+    assert not file.exists() and sh.disk.refused and sh.session_ids("s") == ()
+    sh.feed_prompt("s", ids_for(1, 300) + ids_for(2, 70))  # ... until the host's next prompt reads it again
+    assert_exact(sh, "s")
+    assert sh.position("s").committed == 320 and sh.position("s").turns == 1
     # A new process refuses it too (at start when the header shows it, else when it is loaded);
     # the host's next prompt then reads the session again.
     sh2, _, file2 = _parked(ckpt, tmp_path / "e")

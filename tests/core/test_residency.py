@@ -145,10 +145,11 @@ def test_a_parked_session_comes_back_with_its_own_tensors_and_its_file_stays():
 
 def test_a_dropped_session_waits_for_a_use_before_the_background_reads_it():
     disk = Disk(full=True)  # nothing can be parked: eviction drops
-    r, _ = residency(disk, cap=150)
+    r, _ = residency(disk, cap=18_000, size=10_000)  # room for one resident and a dropped one's ids
     feed(r, "a", 200, committed=192)
     feed(r, "b", 200, committed=192)
     assert r.where("a") == "dropped" and r.awaits_use("a") and not r.awaits_use("b")
+    r.clock.advance(1.0)
     with r.using("a", background=True):  # the reader's own reading is not a use ...
         pass
     assert r.awaits_use("a") and r.where("b") == "dropped" and r.awaits_use("b")
@@ -160,7 +161,7 @@ def test_a_dropped_session_waits_for_a_use_before_the_background_reads_it():
 
 
 def test_without_a_disk_an_evicted_session_is_dropped_and_read_again():
-    r, made = residency(None, cap=150)
+    r, made = residency(None, cap=18_000, size=10_000)
     feed(r, "a", 200, committed=192)
     feed(r, "b", 10)
     assert r.where("a") == "dropped"
@@ -247,3 +248,66 @@ def test_counts_are_positions_two_numbers_resident_parked_and_unknown():
     assert r.counts("s") == (200, 128) and r.where("s") == "parked"  # read from the file's record
     with pytest.raises(UnknownSession):
         r.counts("nobody")
+
+
+# ---- every byte held for a session is counted or bounded ---------------------------------------
+
+
+def test_a_parked_session_keeps_its_position_here_and_its_ids_in_its_file():
+    disk = Disk()
+    r, _ = residency(disk, cap=None)
+    feed(r, "s", 300, committed=256)
+    r.park("s")
+    assert r._known["s"].book is None and r.held_book("s") is None  # no ids held in the process
+    assert r.counts("s") == (300, 256) and r.position("s").turns == 1
+    assert r.session_ids("s") == tuple(range(1, 301))  # reloaded from the file
+    r.park("s")
+    disk.files.clear()  # the file gone (refused, swept): the session is empty until the host feeds it again
+    assert r.counts("s") == (0, 0)
+    with r.using("s") as (book, _):
+        assert book.ids == [] and book.committed == 0
+
+
+def test_dropped_ids_count_against_the_cap_and_the_oldest_are_forgotten(caplog):
+    r, _ = residency(None, cap=18_000, size=10_000)  # no disk: every eviction drops
+    for name in "abcd":
+        feed(r, name, 200)  # 7,200 bytes of ids each once dropped
+    assert r.names() == ["c", "d"] and r.forgotten == 2
+    assert [r.where(n) for n in "cd"] == ["dropped", "resident"]
+    assert r.dropped_bytes() == 7_200 and r.resident_bytes() + r.dropped_bytes() <= 18_000
+    assert r.last_forgotten == "b: its ids to read again would take the cap past 18000 bytes"
+    assert "forgot session 'a'" in caplog.text
+    assert r.bounds().forgotten == 2 and r.bounds().dropped_bytes == 7_200
+
+
+def test_beyond_max_sessions_the_least_recently_used_is_forgotten(caplog):
+    disk = Disk()
+    r = Residency(GRID, lambda: Tensors(10), FakeClock(), memory=Memory(), disk=disk, cap_bytes=None,
+                  max_sessions=3)
+    for name in "abc":
+        feed(r, name, 10)
+    r.park("a")
+    r.clock.advance(1.0)
+    r.restore("a")  # a used again: b is now the least recently used
+    r.clock.advance(1.0)
+    with r.using("d", create=True), r.using("c"):  # d in use, and c is used inside: neither may go
+        pass
+    assert sorted(r.names()) == ["a", "c", "d"] and r.forgotten == 1
+    assert r.last_forgotten == "b: more than MAX_SESSIONS=3 sessions" and "forgot session 'b'" in caplog.text
+    r.park("a")
+    feed(r, "e", 10)  # a parked session is forgotten like any other: its file goes too
+    assert sorted(r.names()) == ["c", "d", "e"] and "a" not in disk.files
+
+
+def test_ids_appended_without_a_restore_count_against_the_cap():
+    r, _ = residency(None, cap=18_000, size=10_000)
+    feed(r, "a", 200)
+    feed(r, "b", 10)  # a is dropped: 7,200 bytes of ids, b resident: 10,000
+    assert r.where("a") == "dropped" and r.resident_bytes() + r.dropped_bytes() <= 18_000
+    book = r.held_book("a")
+    assert book is not None
+    book.feed_output(list(range(100)))  # output appended to a dropped session: its bookkeeping only
+    r.clock.advance(1.0)
+    r.used("a")  # 10,800 bytes of ids now: b, the least recently used, is evicted (dropped: no disk)
+    assert r.resident_bytes() + r.dropped_bytes() <= 18_000
+    assert [r.where(n) for n in "ab"] == ["dropped", "dropped"] and r.dropped_bytes() == 10_800 + 360

@@ -46,6 +46,8 @@ SAMPLES = {
     "max_holds": ("8", 8),
     "max_hold_s": ("60", 60.0),
     "max_session_ids": ("100000", 100000),
+    "max_sessions": ("500", 500),
+    "max_arrived": ("64", 64),
     "idle_poll_s": ("0.5", 0.5),
     "idle_window_s": ("1.5", 1.5),
     "ration": ("0.03", 0.03),

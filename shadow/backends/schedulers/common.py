@@ -29,5 +29,9 @@ def chunk_estimate(shadow: Shadow, session: str) -> float | None:
 
 
 def backlog_after(shadow: Shadow, chunk: ChunkRead) -> int:
-    """The chunk's session's backlog once the chunk is read (the session is resident: it was just read)."""
-    return shadow.position(chunk.session).pending
+    """The chunk's session's backlog once the chunk is read; 0 when it was forgotten since (a
+    forget may come between the read and this look: not an error)."""
+    try:
+        return shadow.position(chunk.session).pending
+    except UnknownSession:
+        return 0

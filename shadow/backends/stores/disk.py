@@ -1,17 +1,12 @@
-"""Parked sessions: one safetensors file per session, written so that a crash never leaves a file
-that loads wrong, and bound to its session so that no session ever loads another's.
+"""Parked sessions: one file per session (the format is parked.py's), written so that a crash
+never leaves a file that loads wrong, and bound to its session so that no session ever loads another's.
 
-A file holds the committed KV rows (not the spare capacity), the conv and recurrent state, the
-checkpoints, the ids read, and in its metadata: format version, the model's weights hash, the
-grid, the dtype, the layout of each tensor kind, the session's name and bookkeeping, when it was
-parked, and a BLAKE2b checksum over every tensor and every other metadata field. Its name is a
-digest of the session's name. Writing goes to a temporary name in the same folder, is fsynced,
-renamed over the final name, and the folder is fsynced. Opening checks every metadata field (the
-book against the grid and the tensors' shapes, the time not in the future, the name against the
-file's); loading re-computes the checksum and checks the session asked for. A file that is cut,
-altered, misnamed, written for other weights, another grid, dtype or format is refused and
-removed, and the session is read again. Files older than the TTL go, and the oldest go first while
-the folder holds more than its cap.
+A file's name is a digest of the session's name. Writing goes to a temporary name in the same
+folder, is fsynced, renamed over the final name, and the folder is fsynced. Opening checks every
+metadata field; loading re-computes the checksum and checks the session asked for. A file that is
+cut, altered, misnamed, written for other weights, another grid, dtype or format is refused and
+removed, and the session is read again; nothing a file holds raises out of the store. Files older
+than the TTL go, and the oldest go first while the folder holds more than its cap.
 
 A file stays after its session is restored: until a newer park replaces it or the session is
 forgotten, it is what a crash falls back to. One process owns a folder at a time (an ``flock`` on
@@ -22,60 +17,26 @@ takes the first free subfolder ``also-1``, ``also-2``, ... of its own instead.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
-import math
 import os
 import time
 import weakref
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from shadow.core.errors import StoreError
 from shadow.core.protocols import Reader, Stored
-from shadow.core.session import Position, SessionBook, checked_meta
+from shadow.core.session import Position, SessionBook
 
-FORMAT_VERSION = "shadow-session-2"  # 2: the checksum covers the metadata; files of 1 are refused
-LAYOUT = {
-    "k": "[rows, kv_heads, head_dim] per full-attention layer, committed rows only",
-    "v": "[rows, kv_heads, head_dim] per full-attention layer, committed rows only",
-    "conv": "[conv_dim, kernel] per GDN layer: the last `kernel` pre-conv inputs",
-    "recurrent": "[value_heads, key_dim, value_dim] fp32 per GDN layer (S, keys first)",
-    "ids": "[n] int32: every id the session holds",
-}
-SUFFIX = ".safetensors"
+from . import parked
+from .parked import Refused
+
 LOCK = ".lock"
 MAX_SHARERS = 16  # processes on one folder at once: the folder itself and 15 subfolders
-FUTURE_SLACK_S = 60.0  # a wall clock stepped back (NTP) must not refuse a file parked just before
-META_KEYS = {"format", "weights_hash", "grid", "dtype", "session", "parked_at", "book", "layout", "checksum"}
-
-
-def _checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
-    """BLAKE2b of each tensor (name, dtype, shape, bytes) on a thread pool (hashlib lets go of the
-    GIL on large buffers), then BLAKE2b over those digests in name order and every metadata field
-    but the checksum itself: the session's name, its book and its ids are covered as its tensors are."""
-
-    def one(name: str) -> bytes:
-        t = tensors[name].contiguous()
-        h = hashlib.blake2b(digest_size=32)
-        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).reshape(-1).numpy().data)
-        return h.digest()
-
-    names = sorted(tensors)
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(one, names))
-    top = hashlib.blake2b(digest_size=32)
-    for d in digests:
-        top.update(d)
-    top.update(json.dumps({k: v for k, v in meta.items() if k != "checksum"}, sort_keys=True).encode())
-    return top.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -118,17 +79,20 @@ class DiskStore:
         self.clock = clock
         self.refused: list[tuple[str, str]] = []  # (file, why): what was removed instead of loaded
         self._index: dict[str, dict[str, Any]] = {}
+        # The checksum of each park this process made: restoring takes that park and no other valid
+        # file put in its place (an older park of the same session would not match the bookkeeping).
+        # Files found at the start have none: a new process takes what is on disk (crash recovery).
+        self._made: dict[str, str] = {}
         self._scan()
 
     # ---- the folder ------------------------------------------------------------------------
 
     @property
     def _identity(self) -> dict[str, str]:
-        return {"format": FORMAT_VERSION, "weights_hash": self.weights_hash, "grid": str(self.reader.grid),
-                "dtype": self.reader.dtype}
+        return parked.identity(self.weights_hash, self.reader.grid, self.reader.dtype)
 
     def _path(self, name: str) -> Path:
-        return self.root / (hashlib.sha256(name.encode()).hexdigest()[:40] + SUFFIX)
+        return self.root / parked.file_name(name)
 
     def _refuse(self, path: Path, why: str) -> None:
         self.refused.append((path.name, why))
@@ -137,52 +101,15 @@ class DiskStore:
     def _header(self, path: Path) -> dict[str, str] | None:
         """The file's metadata, every field checked, or None when it is refused (and removed)."""
         try:
-            with safe_open(str(path), framework="pt") as f:
-                meta: dict[str, str] = f.metadata() or {}
-                shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118 (not a mapping)
-                ids_dtype = f.get_slice("ids").get_dtype() if "ids" in shapes else None
-        except (SafetensorError, OSError, ValueError) as e:
-            self._refuse(path, f"unreadable: {e}")
+            return parked.open_header(path, self._identity, self.reader.grid, self.clock())
+        except Refused as e:
+            self._refuse(path, str(e))
             return None
-        for key, want in self._identity.items():
-            if meta.get(key) != want:
-                self._refuse(path, f"{key} is {meta.get(key)!r}, this reader has {want!r}")
-                return None
-        try:
-            self._check_meta(path, meta, shapes, ids_dtype)
-        except (ValueError, TypeError) as e:  # json.loads raises ValueError too
-            self._refuse(path, f"bad metadata: {e}")
-            return None
-        return meta
-
-    def _check_meta(self, path: Path, meta: dict[str, str], shapes: dict[str, list[int]],
-                    ids_dtype: str | None) -> None:
-        if set(meta) != META_KEYS:
-            raise ValueError(f"fields {sorted(meta)}, expected {sorted(META_KEYS)}")
-        name = meta["session"]
-        if not name or path.name != self._path(name).name:
-            raise ValueError(f"holds session {name!r}, whose file is {self._path(name).name}, not {path.name}")
-        if meta["layout"] != json.dumps(LAYOUT):
-            raise ValueError("layout differs from this format's")
-        if len(meta["checksum"]) != 64 or set(meta["checksum"]) - set("0123456789abcdef"):
-            raise ValueError(f"checksum {meta['checksum']!r} is not a BLAKE2b-256 hex digest")
-        parked_at = float(meta["parked_at"])
-        if not math.isfinite(parked_at) or parked_at > self.clock() + FUTURE_SLACK_S:
-            raise ValueError(f"parked_at {meta['parked_at']} is not a time at or before now ({self.clock()!r})")
-        book = checked_meta(json.loads(meta["book"]), self.reader.grid)
-        if shapes.get("ids") != [book["n_ids"]] or ids_dtype != "I32":
-            raise ValueError(f"ids are {ids_dtype} {shapes.get('ids')}, the book holds {book['n_ids']} int32 ids")
-        rows = {k: s[0] if s else None for k, s in shapes.items() if k.split(".")[0] in ("k", "v")}
-        if not rows or set(rows.values()) != {book["committed"]}:
-            raise ValueError(f"KV rows are {sorted(set(rows.values()), key=str)}, the book commits {book['committed']}")
-        held = {int(k.split(".")[1]) for k in shapes if k.startswith("checkpoint.")}
-        if held != set(book["checkpoints"]):
-            raise ValueError(f"checkpoint tensors at {sorted(held)}, the book holds {book['checkpoints']}")
 
     def _scan(self) -> None:
         for tmp in self.root.glob("*.tmp*"):  # a write that never reached its rename
             tmp.unlink(missing_ok=True)
-        for path in sorted(self.root.glob("*" + SUFFIX)):
+        for path in sorted(self.root.glob("*" + parked.SUFFIX)):
             meta = self._header(path)
             if meta is not None:
                 self._index[meta["session"]] = {"path": path, "bytes": path.stat().st_size,
@@ -211,10 +138,8 @@ class DiskStore:
         e = self._index.get(name)
         return None if e is None else Stored(e["bytes"], e["parked_at"], Position.from_meta(e["book"]))
 
-    def total_bytes(self) -> int:
-        return sum(e["bytes"] for e in self._index.values())
-
     def remove(self, name: str) -> None:
+        self._made.pop(name, None)
         e = self._index.pop(name, None)
         if e is not None:
             e["path"].unlink(missing_ok=True)
@@ -229,11 +154,8 @@ class DiskStore:
         """Park ``name``; returns the file's size. Raises StoreError, leaving no partial file."""
         if not self._unlock.alive:
             raise StoreError(f"could not park session {name!r}: the store at {self.root} is closed")
-        data = {"ids": torch.tensor(book.ids, dtype=torch.int32), **self.reader.serialise(book, tensors)}
         now = self.clock()
-        meta = {**self._identity, "session": name, "parked_at": repr(now), "book": json.dumps(book.meta()),
-                "layout": json.dumps(LAYOUT)}
-        meta["checksum"] = _checksum(data, meta)
+        data, meta = parked.encode(name, book, self.reader.serialise(book, tensors), self._identity, now)
         final = self._path(name)
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         try:
@@ -250,6 +172,7 @@ class DiskStore:
             raise StoreError(f"could not park session {name!r} in {self.root}: {e}") from e
         size = final.stat().st_size
         self._index[name] = {"path": final, "bytes": size, "parked_at": now, "book": book.meta()}
+        self._made[name] = meta["checksum"]
         self.sweep()
         return size
 
@@ -264,6 +187,7 @@ class DiskStore:
 
     def _load(self, name: str, keep: bool) -> tuple[SessionBook, Any] | None:
         e = self._index.pop(name, None)
+        made = self._made.pop(name, None)
         if e is None:
             return None
         path: Path = e["path"]
@@ -271,29 +195,18 @@ class DiskStore:
         if meta is None:
             return None
         try:
-            with safe_open(str(path), framework="pt") as f:
-                data = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-            self._refuse(path, f"unreadable: {err}")
-            return None
-        if _checksum(data, meta) != meta["checksum"]:
-            self._refuse(path, "checksum mismatch")
-            return None
-        if meta["session"] != name:  # a file that is not this session's, whatever else it gets right
-            self._refuse(path, f"holds session {meta['session']!r}, not {name!r}")
-            return None
-        ids = data["ids"]
-        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < self.reader.vocab_size):
-            self._refuse(path, f"ids outside the vocabulary [0, {self.reader.vocab_size})")
-            return None
-        book = SessionBook.from_meta(json.loads(meta["book"]), ids.tolist())
-        try:
+            book, data = parked.load(path, meta, name, self.reader.vocab_size, made)
             tensors = self.reader.deserialise(book, data)
-        except (KeyError, RuntimeError, ValueError) as err:
-            self._refuse(path, f"does not fit this model: {err}")
+        except Refused as err:
+            self._refuse(path, str(err))
+            return None
+        except Exception as err:  # a file that passed every check and still does not fit
+            self._refuse(path, f"does not fit this model: {type(err).__name__}: {str(err)[:200]}")
             return None
         if keep:
             self._index[name] = e
+            if made is not None:
+                self._made[name] = made
         else:
             path.unlink(missing_ok=True)  # the session lives on the device again; its file is stale from here
         return book, tensors

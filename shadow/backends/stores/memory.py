@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 from shadow.core.protocols import Stored
 from shadow.core.session import SessionBook
 
-from ..reader import SessionTensors
+
+class Sized(Protocol):
+    """What the memory store needs of a session's tensors: their size (any reader's tensors)."""
+
+    def nbytes(self) -> int: ...
 
 
 class MemoryStore:
     def __init__(self) -> None:
-        self._held: dict[str, tuple[SessionBook, SessionTensors]] = {}
+        self._held: dict[str, tuple[SessionBook, Any]] = {}
 
-    def put(self, name: str, book: SessionBook, tensors: SessionTensors) -> int:
+    def put(self, name: str, book: SessionBook, tensors: Sized) -> int:
         self._held[name] = (book, tensors)
         return tensors.nbytes()
 
-    def peek(self, name: str) -> tuple[SessionBook, SessionTensors] | None:
+    def peek(self, name: str) -> tuple[SessionBook, Any] | None:
         return self._held.get(name)
 
-    def take(self, name: str) -> tuple[SessionBook, SessionTensors] | None:
+    def take(self, name: str) -> tuple[SessionBook, Any] | None:
         return self._held.pop(name, None)
 
     def remove(self, name: str) -> None:

@@ -1,0 +1,166 @@
+"""The parked-file format, apart from where files live: what a file holds, its checksum, and every
+check made on opening and loading one. DiskStore uses it; a later store (an object store) can too.
+
+A file is safetensors: the committed KV rows, the conv and recurrent state, the checkpoints, the ids
+read, and in its metadata: format version, the model's weights hash, the grid, the dtype, the layout
+of each tensor kind, the session's name and bookkeeping, when it was parked, and a BLAKE2b checksum
+over every tensor and every other metadata field. The checksum is not keyed: it finds damage, not
+forgery (whoever can write the folder can write any session; the README says who owns it).
+
+Nothing here raises out on a bad file: ``open_header`` and ``load`` raise ``Refused`` with the
+reason, whatever went wrong underneath (a deep JSON nesting's RecursionError included), and every
+metadata field is bounded in length before it is parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from shadow.core.session import SessionBook, checked_meta
+
+FORMAT_VERSION = "shadow-session-2"  # 2: the checksum covers the metadata; files of 1 are refused
+LAYOUT = {
+    "k": "[rows, kv_heads, head_dim] per full-attention layer, committed rows only",
+    "v": "[rows, kv_heads, head_dim] per full-attention layer, committed rows only",
+    "conv": "[conv_dim, kernel] per GDN layer: the last `kernel` pre-conv inputs",
+    "recurrent": "[value_heads, key_dim, value_dim] fp32 per GDN layer (S, keys first)",
+    "ids": "[n] int32: every id the session holds",
+}
+SUFFIX = ".safetensors"
+FUTURE_SLACK_S = 60.0  # a wall clock stepped back (NTP) must not refuse a file parked just before
+META_KEYS = {"format", "weights_hash", "grid", "dtype", "session", "parked_at", "book", "layout", "checksum"}
+# Longest each metadata field may be, checked before anything parses it. The book's lists are
+# bounded by the ids (one wanted line per grid line at most): 4 MiB holds 2M ids on a grid of 16.
+MAX_CHARS = {"format": 64, "weights_hash": 128, "grid": 16, "dtype": 32, "session": 4096, "parked_at": 40,
+             "book": 4 * 2**20, "layout": 4096, "checksum": 64}
+
+
+class Refused(Exception):
+    """A file that must not load; the message says why."""
+
+
+def file_name(session: str) -> str:
+    """A digest of the session's name: any name makes a safe file name, and a file names its session."""
+    return hashlib.sha256(session.encode()).hexdigest()[:40] + SUFFIX
+
+
+def identity(weights_hash: str, grid: int, dtype: str) -> dict[str, str]:
+    """The fields a file must match to load under this reader."""
+    return {"format": FORMAT_VERSION, "weights_hash": weights_hash, "grid": str(grid), "dtype": dtype}
+
+
+def checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
+    """BLAKE2b of each tensor (name, dtype, shape, bytes) on a thread pool (hashlib lets go of the
+    GIL on large buffers), then BLAKE2b over those digests in name order and every metadata field
+    but the checksum itself: the session's name, its book and its ids are covered as its tensors are."""
+
+    def one(name: str) -> bytes:
+        t = tensors[name].contiguous()
+        h = hashlib.blake2b(digest_size=32)
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).reshape(-1).numpy().data)
+        return h.digest()
+
+    names = sorted(tensors)
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(one, names))
+    top = hashlib.blake2b(digest_size=32)
+    for d in digests:
+        top.update(d)
+    top.update(json.dumps({k: v for k, v in meta.items() if k != "checksum"}, sort_keys=True).encode())
+    return top.hexdigest()
+
+
+def encode(name: str, book: SessionBook, state: dict[str, torch.Tensor], ident: dict[str, str],
+           now: float) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and metadata of ``name``'s file (``state``: the reader's serialised tensors)."""
+    data = {"ids": torch.tensor(book.ids, dtype=torch.int32), **state}
+    meta = {**ident, "session": name, "parked_at": repr(now), "book": json.dumps(book.meta()),
+            "layout": json.dumps(LAYOUT)}
+    meta["checksum"] = checksum(data, meta)
+    return data, meta
+
+
+def open_header(path: Path, ident: dict[str, str], grid: int, now: float) -> dict[str, str]:
+    """The file's metadata, every field checked against the others, the tensors' shapes and this
+    reader. Raises Refused, and nothing else."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta: dict[str, str] = f.metadata() or {}
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118 (not a mapping)
+            ids_dtype = f.get_slice("ids").get_dtype() if "ids" in shapes else None
+    except Exception as e:  # whatever a damaged file makes the reader raise refuses it
+        raise Refused(f"unreadable: {type(e).__name__}: {str(e)[:200]}") from None
+    try:
+        for key, want in ident.items():
+            if meta.get(key) != want:
+                raise Refused(f"{key} is {str(meta.get(key))[:80]!r}, this reader has {want!r}")
+        _check(path, meta, shapes, ids_dtype, grid, now)
+    except Refused:
+        raise
+    except Exception as e:  # ValueError, TypeError, RecursionError, ...: all refuse the file
+        raise Refused(f"bad metadata: {type(e).__name__}: {str(e)[:200]}") from None
+    return meta
+
+
+def _check(path: Path, meta: dict[str, str], shapes: dict[str, list[int]], ids_dtype: str | None,
+           grid: int, now: float) -> None:
+    if set(meta) != META_KEYS:
+        raise ValueError(f"fields {sorted(meta)[:20]}, expected {sorted(META_KEYS)}")
+    long = {k: len(v) for k, v in meta.items() if not isinstance(v, str) or len(v) > MAX_CHARS[k]}
+    if long:
+        raise ValueError(f"fields longer than allowed: {long} (at most {({k: MAX_CHARS[k] for k in long})})")
+    name = meta["session"]
+    if not name or path.name != file_name(name):
+        raise ValueError(f"holds session {name[:80]!r}, whose file is {file_name(name)}, not {path.name}")
+    if meta["layout"] != json.dumps(LAYOUT):
+        raise ValueError("layout differs from this format's")
+    if len(meta["checksum"]) != 64 or set(meta["checksum"]) - set("0123456789abcdef"):
+        raise ValueError(f"checksum {meta['checksum']!r} is not a BLAKE2b-256 hex digest")
+    parked_at = float(meta["parked_at"])
+    if not math.isfinite(parked_at) or parked_at > now + FUTURE_SLACK_S:
+        raise ValueError(f"parked_at {meta['parked_at']} is not a time at or before now ({now!r})")
+    book = checked_meta(json.loads(meta["book"]), grid)
+    if shapes.get("ids") != [book["n_ids"]] or ids_dtype != "I32":
+        raise ValueError(f"ids are {ids_dtype} {shapes.get('ids')}, the book holds {book['n_ids']} int32 ids")
+    rows = {k: s[0] if s else None for k, s in shapes.items() if k.split(".")[0] in ("k", "v")}
+    if not rows or set(rows.values()) != {book["committed"]}:
+        raise ValueError(f"KV rows are {sorted(set(rows.values()), key=str)}, the book commits {book['committed']}")
+    held = {int(k.split(".")[1]) for k in shapes if k.startswith("checkpoint.")}
+    if held != set(book["checkpoints"]):
+        raise ValueError(f"checkpoint tensors at {sorted(held)}, the book holds {book['checkpoints']}")
+
+
+def load(path: Path, meta: dict[str, str], name: str, vocab_size: int,
+         expect_checksum: str | None = None) -> tuple[SessionBook, dict[str, torch.Tensor]]:
+    """The book and tensors of a file whose header passed ``open_header``, for session ``name``:
+    the checksum re-computed (and, given ``expect_checksum``, that of the park this process made),
+    the session and the ids checked. Raises Refused, and nothing else."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            data = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+    except Exception as e:  # a file cut or changed since its header was read
+        raise Refused(f"unreadable: {type(e).__name__}: {str(e)[:200]}") from None
+    try:
+        if checksum(data, meta) != meta["checksum"]:
+            raise Refused("checksum mismatch")
+        if expect_checksum is not None and meta["checksum"] != expect_checksum:
+            raise Refused("a valid file, but not the last park this process made of the session")
+        if meta["session"] != name:  # a file that is not this session's, whatever else it gets right
+            raise Refused(f"holds session {meta['session'][:80]!r}, not {name!r}")
+        ids = data.pop("ids")
+        if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < vocab_size):
+            raise Refused(f"ids outside the vocabulary [0, {vocab_size})")
+        return SessionBook.from_meta(json.loads(meta["book"]), ids.tolist()), data
+    except Refused:
+        raise
+    except Exception as e:  # nothing a file holds may raise out of the store
+        raise Refused(f"bad file: {type(e).__name__}: {str(e)[:200]}") from None
