@@ -37,8 +37,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from shadow.core.errors import ShadowError
 from shadow.core.records import ChunkRead, TurnTimeline
@@ -76,9 +75,6 @@ class Narration:
     turn_spent_ms: float  # the turn's summaries before this one
     since_first_token_ms: float
     waited_rounds: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

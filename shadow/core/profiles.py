@@ -48,10 +48,6 @@ class ShadowBlock:
     def follows(self) -> bool:
         return self.mode == "on"
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "narrator": self.narrator, "router": self.router,
-                "router_min_tokens": self.router_min_tokens}
-
 
 @dataclass(frozen=True, slots=True)
 class Profiles:
@@ -69,9 +65,6 @@ class Profiles:
     def any_on(self) -> bool:
         """Some profile follows sessions: the model should load soon after start."""
         return any(b.follows for b in self.blocks.values())
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "profiles": {n: b.as_dict() for n, b in self.blocks.items()}}
 
 
 def builtin_profiles(narrator: Mode = "off") -> Profiles:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from .shadow import Shadow
 
@@ -62,7 +62,3 @@ class Slot:
                 callback(shadow)
             self._shadow, self.state = shadow, "loaded"
             return shadow
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "model": self.model, "shared_with": list(self.shared_with),
-                "load_s": self.load_s, "error": self.error}

@@ -67,6 +67,11 @@ def fuzz(op: Any, mode: GenerationMode, seen: list[int]) -> Callable[[], None]:
     return run  # type: ignore[no-any-return]
 
 
+def test_the_served_openapi_document_validates(api_schema: Any) -> None:
+    api_schema.validate()  # against the OpenAPI meta-schema of its version (schemathesis' validator)
+    assert api_schema.raw_schema["openapi"].startswith("3.1")
+
+
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_no_5xx_and_answers_as_documented(api_schema: Any, mode: GenerationMode) -> None:
     # (schemathesis' own pytest plugin does not run under pytest 9: its strategies, driven here)

@@ -106,3 +106,51 @@ def test_settles_from_other_threads_keep_the_order_of_the_rounds(checkpoint, tmp
     svc.finished("r1")
     assert list(c.shadow().session_ids("s")) == prompt + out
     assert seen == sorted(seen) and len(set(seen)) > 1  # the counts only grew, and some settles fed
+
+
+@pytest.mark.parametrize("call", ["feed_output", "feed_prompt", "ask", "narrate", "status", "forget", "stop"])
+def test_every_session_call_feeds_the_quiet_rounds_ids_first(checkpoint, tmp_path, clock, call):
+    """Each entry point reaches the facade through the one settling method: what the running request's
+    quiet rounds kept is in the session before the call acts on it."""
+    c, svc = loaded(checkpoint, tmp_path, clock, narrator="on")
+    prompt = random_ids(GRID + 5, 4)
+    svc.started("r1", "s", prompt)
+    svc.first_token("r1")
+    svc.round_ended("r1", [11, 12])  # a look
+    svc.round_ended("r1", [13, 14])  # quiet: kept
+    assert svc.rounds.get("r1").pending == [13, 14]
+    sh = c.shadow()
+    want = prompt + [11, 12, 13, 14]
+    seen: list[tuple[int, ...]] = []
+    original = sh.residency.using
+
+    def using(session: str, *args: Any, **kw: Any) -> Any:  # what the session holds when the call uses it
+        seen.append(sh.session_ids(session))
+        return original(session, *args, **kw)
+
+    sh.residency.using = using  # type: ignore[method-assign]
+    if call == "feed_output":
+        assert svc.feed_output("s", [15]).ids == len(want) + 1
+    elif call == "feed_prompt":
+        fed = svc.feed_prompt("s", want + [15])  # the kept ids first: this prompt extends them, no rollback
+        assert fed.ids == len(want) + 1 and not fed.rollback
+    elif call == "ask":
+        committed = sh.position("s").committed
+        assert svc.ask("s", "Done? A or B", ["A", "B"]).behind == len(want) - committed
+        assert seen and seen[0] == tuple(want)
+    elif call == "narrate":
+        svc.narrate("s", "Say what happened.", 2)
+        assert seen and seen[0] == tuple(want)
+    elif call == "status":
+        assert svc.status().sessions["s"].ids == len(want)
+    elif call == "forget":
+        kept = svc.rounds.get("r1")
+        svc.forget("s")
+        assert kept is not None and kept.closed and kept.pending == []  # fed, then forgotten with the session
+        return
+    elif call == "stop":
+        svc.stop()
+        assert sh.position("s").length == len(want)
+        return
+    assert tuple(sh.session_ids("s"))[:len(want)] == tuple(want)
+    assert svc.rounds.get("r1") is None  # settled: the next round looks
