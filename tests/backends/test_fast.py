@@ -237,3 +237,36 @@ def test_device_decode_equals_the_token_by_token_loop(checkpoints):
     fork.close()
     assert got == loop[:loop.index(loop[1]) + 1]
     assert state.length == 64
+
+
+def test_batched_read_equals_each_session_read_alone(checkpoints):
+    """A batch mixing a session just rolled back, a deep one and a new one reads each of them as
+    ``read_chunk`` reads it alone, bit for bit (tensors and checkpoints); sizes the path does not
+    take are split over those it does; a refused size is not used, and the report says why."""
+    from shadow.backends.reader import TorchReader
+
+    from .batching import Followed, read_batch_and_compare
+
+    model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
+    reader = TorchReader(model, grid=64, fast=True)
+    assert reader.fast is not None and reader.fast.batches == (1, 2, 4) and reader.max_batch == 4
+    rng = random.Random(18)
+    ids = [rng.randrange(248000) for _ in range(400)]
+    rolled, deep, new = Followed.new(reader), Followed.new(reader), Followed.new(reader)
+    rolled.feed_prompt(reader, ids[:140])  # a checkpoint is wanted at 128
+    deep.feed_prompt(reader, ids[200:400])
+    for _ in range(2):
+        reader.read_chunks([(rolled.book, rolled.tensors), (deep.book, deep.tensors)])
+    assert rolled.book.checkpoints == [128] and deep.book.committed == 128
+    # the next turn's prompt differs at id 100: back to the start, with the new prompt pending
+    assert rolled.feed_prompt(reader, ids[:100] + ids[300:400])
+    assert rolled.book.committed == 0 and rolled.book.pending >= 128
+    new.feed_prompt(reader, ids[150:230])
+    read_batch_and_compare(reader, [rolled, deep, new], "rolled back, deep, new")  # one pass of 2, one of 1
+
+    reader.fast.refused[4] = "refused by the test"
+    assert reader.max_batch == 2
+    report = reader.fast_report()
+    assert report is not None and report["batches"]["4"] == "refused by the test" and report["max_batch"] == 2
+    with pytest.raises(ValueError, match="appears twice"):
+        reader.read_chunks([(deep.book, deep.tensors), (deep.book, deep.tensors)])
