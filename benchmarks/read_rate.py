@@ -279,10 +279,11 @@ def table(result: dict[str, Any]) -> str:
 def batch_table(result: dict[str, Any]) -> list[str]:
     lines = [f"{'model':5} {'figure':17} {'batch':>5} {'depth':>7} {'ms/512':>8} {'floor':>7} {'tflops':>7}"]
     for r in result["rows"]:
-        if r["figure"] in ("batch_chunk", "attention_layer"):
+        if r["figure"] in ("batch_chunk", "attention_layer", "attention_tiles"):
             depth = r.get("depth_range") or r["depth"]
-            lines.append(f"{r['model']:5} {r['figure']:17} {r.get('batch', '-'):>5} {depth:>7} {_fmt(r['ours_ms']):>8} "
-                         f"{_fmt(r.get('floor_ms')):>7} {_fmt(r.get('tflops')):>7}")
+            lines.append(f"{r['model']:5} {r['figure']:17} {r.get('batch', '-'):>5} {depth:>7} "
+                         f"{_fmt(r.get('ours_ms')):>8} {_fmt(r.get('floor_ms')):>7} {_fmt(r.get('tflops')):>7} "
+                         f"{r.get('tiles', '')} {r.get('error', '')}")
         if r["figure"] == "batch_busy":
             wall, kern = _fmt(r.get("wall_ms")), _fmt(r.get("kernel_ms"))
             lines.append(f"{r['model']:5} busy: batch {r['batch']} depth {r['depth']}: wall {wall} ms, "

@@ -14,6 +14,7 @@ divided by B. The reader's warm-up (captures, and the check of every batch size)
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from dataclasses import dataclass
@@ -98,8 +99,29 @@ def _timings(reader: TorchReader, plan: BatchPlan, rates: tuple[float, float], e
     return rows
 
 
+# (BM, BN, warps, stages): the shipped tiles, then leads
+TILES = ((attention.BM, attention.BN, attention.WARPS, attention.STAGES), (128, 64, 8, 3), (128, 32, 8, 3),
+         (64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 4, 2))
+
+
+def _per_call(fn: Any) -> float:
+    """ms a call: device events around 20 calls back to back (the host's launches hide behind the
+    kernels), median of 5 such samples, after one call."""
+    fn()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 20)
+    return sorted(times)[len(times) // 2]
+
+
 def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any]]:
-    """Our attention kernel alone, 512 rows above each depth, device events, median of 20."""
+    """Our attention kernel (and its merge) alone, 512 rows above each depth (``_per_call``)."""
     rows = 512
     cfg = reader.model.config
     dev = reader.model.device
@@ -110,19 +132,18 @@ def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any
         k, v = (torch.randn(depth + rows, cfg.num_key_value_heads, cfg.head_dim, device=dev,
                             generator=gen).bfloat16() for _ in range(2))
         o = torch.empty_like(q)
-        times = []
-        for i in range(21):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            attention.attend(q, k, v, depth, o)
-            end.record()
-            torch.cuda.synchronize(dev)
-            if i:
-                times.append(start.elapsed_time(end))
-        ms = sorted(times)[len(times) // 2]
         flops = 4 * cfg.num_attention_heads * cfg.head_dim * (rows * depth + rows * (rows + 1) / 2)
-        out.append({"figure": "attention_layer", "depth": depth, "rows": rows, "ours_ms": ms,
-                    "tflops": flops / ms / 1e9})
+        # the shipped tiles first, then other tiles as leads (not used by the reader)
+        for tiles in TILES if depth == plan.attention_depths[0] else TILES[:1]:
+            call = functools.partial(attention.attend, q, k, v, depth, o, bm=tiles[0], bn=tiles[1], warps=tiles[2],
+                                     stages=tiles[3])
+            try:
+                ms = _per_call(call)
+            except Exception as err:  # a tile that does not compile is reported
+                out.append({"figure": "attention_tiles", "depth": depth, "tiles": tiles, "error": str(err)[:200]})
+                continue
+            out.append({"figure": "attention_layer" if tiles == TILES[0] else "attention_tiles", "depth": depth,
+                        "rows": rows, "tiles": tiles, "ours_ms": ms, "tflops": flops / ms / 1e9})
     return out
 
 
