@@ -48,23 +48,3 @@ def test_fits_only_what_it_serves():
     assert attention.fits(512, 8, 2, 256)
     assert not attention.fits(1, 8, 2, 256)  # decode stays on torch's flash kernel
     assert not attention.fits(512, 8, 2, 96)  # not a power of two
-
-
-def test_sessions_in_one_launch_equal_each_alone():
-    """``attend_sessions``: three sessions at depths that split differently (one pass, two, four),
-    each over its own buffers, give each session's bits from ``attend`` alone."""
-    n, heads, kv, d = 16, 4, 2, 32
-    starts = [200, 0, 90]
-    sessions = [_inputs(n, start, heads, kv, d, seed=10 + i, dtype=torch.bfloat16) for i, start in enumerate(starts)]
-    alone = []
-    for (q, k, v), start in zip(sessions, starts, strict=True):
-        out = torch.empty_like(q)
-        attention.attend(q, k, v, start, out, min_split=64)
-        alone.append(out)
-    q_all = torch.cat([q for q, _, _ in sessions])
-    out = torch.full_like(q_all, float("nan"))
-    attention.attend_sessions(q_all, [k for _, k, _ in sessions], [v for _, _, v in sessions], starts, out,
-                              min_split=64)
-    assert torch.equal(out, torch.cat(alone))
-    counts = [-(-(s + n) // attention.split_len(n * 2, kv, s + n, min_split=64)) for s in starts]
-    assert counts == [4, 1, 2]

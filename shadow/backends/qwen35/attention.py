@@ -19,7 +19,6 @@ past ``n`` (padding) come last and are not written.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 import torch
 import triton
@@ -29,27 +28,11 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, lse_ptr, meta_ptr, n, max_splits,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, lse_ptr, start, n, end, split_len,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                  rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    # Program axis 2 is (session, split): session b's rows are rows [b * n, (b + 1) * n) of q and o;
-    # its start, split length, split count and KV offsets (elements from k_ptr, v_ptr) come from
-    # meta [b] = (start, split_len, splits, k_off, v_off). A program past its session's splits exits.
-    pid_m, h, bs = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b = bs // max_splits
-    s = bs % max_splits
-    meta = meta_ptr + b * 5
-    start = tl.load(meta).to(tl.int32)
-    split_len = tl.load(meta + 1).to(tl.int32)
-    splits = tl.load(meta + 2).to(tl.int32)
-    if s >= splits:
-        return
-    k_ptr += tl.load(meta + 3)
-    v_ptr += tl.load(meta + 4)
-    q_ptr += b * n * stride_qt
-    o_ptr += b * n * stride_ot
-    end = start + n
+                 SPLIT: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BM + tl.arange(0, BM)  # packed rows: token * G + head within the group
     t = rows // G
     head = h * G + rows % G
@@ -107,8 +90,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, lse_ptr, meta_ptr, n, max
 
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    if splits > 1:
-        at = ((b * max_splits + s) * tl.num_programs(1) + h) * rows_total + rows
+    if SPLIT:
+        at = (s * tl.num_programs(1) + h) * rows_total + rows
         tl.store(part_ptr + at[:, None] * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(lse_ptr + at, tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf")),
                  mask=row_ok)
@@ -118,27 +101,21 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_ptr, lse_ptr, meta_ptr, n, max
 
 
 @triton.jit
-def _merge_kernel(part_ptr, lse_ptr, o_ptr, meta_ptr, n, max_splits, rows_total, stride_ot, stride_oh,
-                  G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr):
-    pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    splits = tl.load(meta_ptr + b * 5 + 2)
-    if splits == 1:  # the attention kernel wrote this session's rows itself
-        return
+def _merge_kernel(part_ptr, lse_ptr, o_ptr, n, splits, rows_total, stride_ot, stride_oh, G: tl.constexpr,
+                  D: tl.constexpr, BM: tl.constexpr):
+    pid_m, h = tl.program_id(0), tl.program_id(1)
     heads = tl.num_programs(1)
-    o_ptr += b * n * stride_ot
     rows = pid_m * BM + tl.arange(0, BM)
     t = rows // G
     row_ok = t < n
     d = tl.arange(0, D)
-    first = b * max_splits
     top = tl.full([BM], float("-inf"), tl.float32)
     for s in range(0, splits):
-        top = tl.maximum(top, tl.load(lse_ptr + ((first + s) * heads + h) * rows_total + rows, mask=row_ok,
-                                      other=0.0))
+        top = tl.maximum(top, tl.load(lse_ptr + (s * heads + h) * rows_total + rows, mask=row_ok, other=0.0))
     total = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
     for s in range(0, splits):  # a fixed order: the same bits every time
-        at = ((first + s) * heads + h) * rows_total + rows
+        at = (s * heads + h) * rows_total + rows
         w = tl.math.exp2(tl.load(lse_ptr + at, mask=row_ok, other=float("-inf")) - top)
         total += w
         acc += w[:, None] * tl.load(part_ptr + at[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
@@ -174,62 +151,34 @@ def split_len(rows_total: int, kv_heads: int, end: int, bm: int = BM, bn: int = 
     return triton.cdiv(triton.cdiv(end, splits), bn) * bn
 
 
-def max_splits(rows_total: int, kv_heads: int, bm: int = BM, target: int = TARGET_PROGRAMS) -> int:
-    """The most splits ``split_len`` gives at this shape, at any depth: the fixed size of a batch's
-    split axis."""
-    return max(1, target // (triton.cdiv(rows_total, bm) * kv_heads))
-
-
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT,
            target: int = TARGET_PROGRAMS) -> None:
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
     are not read)."""
-    attend_sessions(q, [keys], [values], [start], out, bm, bn, warps, stages, min_split, target)
-
-
-def attend_sessions(q: torch.Tensor, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor],
-                    starts: Sequence[int], out: torch.Tensor, bm: int = BM, bn: int = BN, warps: int = WARPS,
-                    stages: int = STAGES, min_split: int = MIN_SPLIT, target: int = TARGET_PROGRAMS) -> None:
-    """``attend`` for B sessions in one launch: session b's queries are rows ``[b * n, (b + 1) * n)``
-    of ``q`` and ``out`` (n = rows / B), over its own ``keys[b]``, ``values[b]`` from ``starts[b]``.
-    Each session's split length and count are ``split_len`` of its own depth, and its programs run
-    the same code on its numbers alone: the bits of a session do not depend on the others. The
-    keys of every session are reached from one base pointer and an element offset each (all
-    buffers live in the device's one address space), read by the kernel from a small table."""
-    sessions = len(starts)
-    rows, heads, d = q.shape
-    n = rows // sessions
-    kv = keys[0].shape[1]
+    n, heads, d = q.shape
+    kv = keys.shape[1]
     g = heads // kv
+    end = start + n
     rows_total = n * g
-    most = max_splits(rows_total, kv, bm, target)
-    base_k = min(keys, key=lambda t: t.data_ptr())
-    base_v = min(values, key=lambda t: t.data_ptr())
-    meta = []
-    for k, v, start in zip(keys, values, starts, strict=True):
-        if k.stride() != base_k.stride() or v.stride() != base_v.stride() or k.dtype != q.dtype:
-            raise ValueError("every session's keys and values must share one layout")
-        step = split_len(rows_total, kv, start + n, bm, bn, min_split, target)
-        meta += [start, step, triton.cdiv(start + n, step), (k.data_ptr() - base_k.data_ptr()) // k.element_size(),
-                 (v.data_ptr() - base_v.data_ptr()) // v.element_size()]
-    table = torch.tensor(meta, dtype=torch.long)
-    if q.is_cuda:
-        table = table.pin_memory().to(q.device, non_blocking=True)
-    part = torch.empty(sessions * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
-    lse = torch.empty(sessions * most * kv * rows_total, device=q.device, dtype=torch.float32)
+    step = split_len(rows_total, kv, end, bm, bn, min_split, target)
+    splits = triton.cdiv(end, step)
     scale = d ** -0.5 * LOG2E
-    grid = (triton.cdiv(rows_total, bm), kv, sessions * most)
-    _attn_kernel[grid](q, base_k, base_v, out, part, lse, table, n, most, q.stride(0), q.stride(1),
-                       base_k.stride(0), base_k.stride(1), base_v.stride(0), base_v.stride(1), out.stride(0),
-                       out.stride(1), rows_total, scale, G=g, D=d, BM=bm, BN=bn, UPCAST=UPCAST, num_warps=warps,
-                       num_stages=stages)
-    if most > 1:
-        merge_bm = 16
-        _merge_kernel[(triton.cdiv(rows_total, merge_bm), kv, sessions)](
-            part, lse, out, table, n, most, rows_total, out.stride(0), out.stride(1), G=g, D=d, BM=merge_bm,
-            num_warps=4)
+    grid = (triton.cdiv(rows_total, bm), kv, splits)
+    common = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+              out.stride(0), out.stride(1), rows_total, scale)
+    if splits == 1:
+        _attn_kernel[grid](q, keys, values, out, out, out, start, n, end, step, *common, G=g, D=d, BM=bm, BN=bn,
+                           SPLIT=False, UPCAST=UPCAST, num_warps=warps, num_stages=stages)
+        return
+    part = torch.empty(splits * kv * rows_total, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
+    _attn_kernel[grid](q, keys, values, out, part, lse, start, n, end, step, *common, G=g, D=d, BM=bm, BN=bn,
+                       SPLIT=True, UPCAST=UPCAST, num_warps=warps, num_stages=stages)
+    merge_bm = 16
+    _merge_kernel[(triton.cdiv(rows_total, merge_bm), kv)](part, lse, out, n, splits, rows_total, out.stride(0),
+                                                         out.stride(1), G=g, D=d, BM=merge_bm, num_warps=4)
 
 
 def attend_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:

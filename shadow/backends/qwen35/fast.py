@@ -28,9 +28,8 @@ from that session's alone, in the same order:
   (``kernels.conv_silu`` with a state per session);
 - GDN: fla's kernels with the sessions as their batch axis; a program's sequence comes from its
   program id, so one session's programs run the same code on the same numbers (``gdn_fla``);
-- attention: one launch for the batch, each session's programs over its own KV rows (reached by an
-  offset from a table the kernel reads), its split count and length a function of that session's
-  depth alone (``attention.attend_sessions``); a session read alone runs the same kernel;
+- attention: one call per session over its own rows, its split rule a function of that session's
+  depth alone;
 - GEMMs over the concatenated rows: cuBLAS computes a row from that row and the weight, in an
   order fixed by the kernel it picks; the kernel may change with the row count (split K, say), so
   this is checked rather than assumed. At warm-up every captured batch size reads random sessions
@@ -279,22 +278,19 @@ class FastForward:
         q_all, k_all, v_all = r.qkv[i]
         for b, (state, start) in enumerate(zip(states, starts, strict=True)):
             rows = slice(b * r.seg, (b + 1) * r.seg)
-            state.k[i][start:start + r.seg].copy_(k_all[rows])
-            state.v[i][start:start + r.seg].copy_(v_all[rows])
-        if not compute:
-            return
-        cfg = self.cfg
-        if attention.fits(r.seg, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
-            # one launch for every session, each split by its own depth (attention.attend_sessions)
-            attention.attend_sessions(q_all, [s.k[i] for s in states], [s.v[i] for s in states], starts, r.attn)
-            return
-        for b, (state, start) in enumerate(zip(states, starts, strict=True)):
-            rows = slice(b * r.seg, (b + 1) * r.seg)
-            self._attend_one(q_all[rows], state, i, start, r.attn[rows])
+            q, out = q_all[rows], r.attn[rows]
+            end = start + r.seg
+            state.k[i][start:end].copy_(k_all[rows])
+            state.v[i][start:end].copy_(v_all[rows])
+            if compute:
+                self._attend_one(q, state, i, start, out)
 
     def _attend_one(self, q: torch.Tensor, state: ModelState, i: int, start: int, out: torch.Tensor) -> None:
         cfg, n = self.cfg, q.shape[0]
         end = start + n
+        if attention.fits(n, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
+            attention.attend(q, state.k[i], state.v[i], start, out)
+            return
         keys = state.k[i][:end].permute(1, 0, 2)[None]
         values = state.v[i][:end].permute(1, 0, 2)[None]
         if self.model.attention == "lower-right":
