@@ -106,9 +106,18 @@ def check(fast: FastForward, seed: int = CHECK_SEED) -> dict[int, str]:
     def chunk() -> torch.Tensor:
         return torch.randint(0, vocab, (fast.grid,), generator=gen)
 
+    def new_state() -> ModelState:
+        # KV rows for the deepest session and its next chunk only (not a whole KV_STEP): the check
+        # holds three copies of every session at once
+        state = fast.model.new_state()
+        rows = CHECK_DEPTHS * fast.grid
+        state.k = [t.new_zeros(rows, *t.shape[1:]) for t in state.k]
+        state.v = [t.new_zeros(rows, *t.shape[1:]) for t in state.v]
+        return state
+
     bases: list[ModelState] = []
     for b in range(max(sizes)):
-        state = fast.model.new_state()
+        state = new_state()
         for _ in range(b % CHECK_DEPTHS):
             fast.read_chunk(chunk(), state)
         bases.append(state)
@@ -126,8 +135,11 @@ def check(fast: FastForward, seed: int = CHECK_SEED) -> dict[int, str]:
             fast.refused[size] = (f"session {differ[0]} of {size} (depth {(differ[0] % CHECK_DEPTHS) * fast.grid}) "
                                   f"differs from its chunk read alone; {len(differ)} of {size} differ")
             log.warning("fast path: batch size %d not used: %s", size, fast.refused[size])
+    del bases, alone, batch
     if fast.device.type == "cuda":
         torch.cuda.synchronize(fast.device)
+        # give the check's sessions back to the device (the main model may share it), not to the cache
+        torch.cuda.empty_cache()
     fast.check_s = time.perf_counter() - t0
     return {b: why for b, why in fast.refused.items() if b in sizes}
 
