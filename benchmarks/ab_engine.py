@@ -63,7 +63,8 @@ class MainModel:
         if fast:
             from shadow.backends.qwen35.fast import FastForward
 
-            self.fast = FastForward(model, grid)
+            # one sequence at a time: no batch sizes to capture, no state slots for them
+            self.fast = FastForward(model, grid, batches=(1,))
         self.state: ModelState = model.new_state()  # reused: its KV capacity, once grown, stays
         self._fork: Any = None
 

@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import read_rate_batch as batch_mod
 from benchmarks import read_rate_exact as exact_mod
 from benchmarks import read_rate_floor as floor_mod
 from benchmarks.common import environment, keep_newest
@@ -258,6 +259,8 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'model':5} {'figure':17} {'depth':>7} {'ours':>8} {'eager':>8} {'peer':>8} {'floor':>7} "
              f"{'peer/ours':>9} {'ours/floor':>10}"]
     for r in result["rows"]:
+        if r["figure"] != "chunk" and r["figure"] not in FIGURES:
+            continue  # the batch rows: their own table below
         o, p, f = r["ours_ms"], r["peer_ms"], r["floor_ms"]
         lines.append(f"{r['model']:5} {r['figure']:17} {r['depth']:>7} {_fmt(o):>8} {_fmt(r['eager_ms']):>8} "
                      f"{_fmt(p):>8} {_fmt(f):>7} {_fmt(p / o if o and p else None):>9} "
@@ -266,10 +269,30 @@ def table(result: dict[str, Any]) -> str:
     lines.append(f"exact: {'yes' if e.get('equal') else 'NO'} ({e.get('tokens')} ids, {e.get('turns')} turns, "
                  f"{e.get('rollbacks')} rollbacks; other process: {e.get('other_process_equal', 'skipped')}; "
                  f"fast vs eager rel {_fmt((e.get('fast_vs_eager') or {}).get('largest_rel_diff'))})")
+    lines += batch_table(result)
     for name, s in result["startup"].items():
         ours = s.get("ours", {})
         lines.append(f"{name}: warm_up {_fmt(ours.get('warm_up_s'))} s, fast_report {ours.get('fast_report')}")
     return "\n".join(lines)
+
+
+def batch_table(result: dict[str, Any]) -> list[str]:
+    lines = [f"{'model':5} {'figure':17} {'batch':>5} {'depth':>7} {'ms/512':>8} {'floor':>7} {'tflops':>7}"]
+    for r in result["rows"]:
+        if r["figure"] in ("batch_chunk", "attention_layer", "attention_tiles"):
+            depth = r.get("depth_range") or r["depth"]
+            lines.append(f"{r['model']:5} {r['figure']:17} {r.get('batch', '-'):>5} {depth:>7} "
+                         f"{_fmt(r.get('ours_ms')):>8} {_fmt(r.get('floor_ms')):>7} {_fmt(r.get('tflops')):>7} "
+                         f"{r.get('tiles', '')} {r.get('error', '')}")
+        if r["figure"] == "batch_busy":
+            wall, kern = _fmt(r.get("wall_ms")), _fmt(r.get("kernel_ms"))
+            lines.append(f"{r['model']:5} busy: batch {r['batch']} depth {r['depth']}: wall {wall} ms, "
+                         f"kernels {kern} ms ({r.get('kernels')}) {r.get('error', '')}")
+    b = result["exact"].get("batch")
+    if b is not None:
+        lines.append(f"batch exact: {'yes' if b['equal'] else 'NO'} ({b['sessions']} sessions at depths "
+                     f"{b['depths_before']}, against each alone and a fresh prefill)")
+    return lines if len(lines) > 1 or b else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip the peer (transformers)")
     ap.add_argument("--no-child", action="store_true", help="skip the fresh prefill in another process")
     ap.add_argument("--tmp", default=None, help="where the random checkpoints are written (default: the system's)")
+    ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
+    ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
     ap.add_argument("--child-fresh", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -312,12 +337,21 @@ def main(argv: list[str] | None = None) -> int:
     plans = {n: base if i == 0 else base.depth0() for i, n in enumerate(names)}
     exact: dict[str, Any] = {}
     runs: list[ModelRun] = []
+    batch_rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="read_rate-") as tmp:
         for i, name in enumerate(names):
             run = ModelRun(name, Qwen35Config.from_dict(MODELS[name]()))
             folder = Path(tmp) / name
             run.startup["checkpoint_write_s"] = _write_model(folder, MODELS[name](), device, dtype)
             run_model(run, plans[name], folder, args, Path(tmp), exact if i == 0 else None)
+            if i == 0 and not args.no_batch and (args.device == "cuda" or args.batch_cpu):
+                _free(args.device)
+                batch = batch_mod.measure(folder, args.device, args.dtype,
+                                          batch_mod.BatchPlan() if args.device == "cuda" else batch_mod.CPU_PLAN, rates)
+                exact["batch"] = batch.pop("exact")
+                run.startup["batch"] = {k: v for k, v in batch.items() if k != "rows"}
+                batch_rows = [{"model": name, **r} for r in batch["rows"]]
+                _free(args.device)
             shutil.rmtree(folder)
             runs.append(run)
     result: dict[str, Any] = {
@@ -328,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "exact": exact, "startup": {r.name: r.startup for r in runs},
         "notes": [f"{r.name}: {n}" for r in runs for n in r.notes],
         "plans": {n: asdict(p) for n, p in plans.items()},
-        "rows": rows(runs, plans, rates, 2 if dtype == torch.bfloat16 else 4),
+        "rows": rows(runs, plans, rates, 2 if dtype == torch.bfloat16 else 4) + batch_rows,
         "wall_s": time.perf_counter() - t_start,
     }
     suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "")
@@ -341,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in result["notes"]:
         print(f"note: {note}")
     print(table(result))
-    return 0 if exact.get("equal") else 1
+    return 0 if exact.get("equal") and exact.get("batch", {"equal": True})["equal"] else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Soak: a real ``shadow serve`` on loopback for a set time, fed as hosts would feed it, with the
 disk full for a while, one kill -9 and restart, and every live session checked bit for bit at the end.
 
-    .venv/bin/python benchmarks/soak.py --minutes 60 --out benchmarks/results/soak.json
-    .venv/bin/python benchmarks/soak.py --minutes 3 --turns 2 --max-ids 4000   # the short form, in CI
+    python -m benchmarks.soak --minutes 60 --out benchmarks/results/soak.json
+    python -m benchmarks.soak --minutes 3 --turns 2 --max-ids 4000   # the short form, in CI
                                                        # (tests/benchmarks/test_soak.py)
 
 - The model: the demo checkpoint (random weights, the real vocabulary) written to a working folder;

@@ -51,7 +51,7 @@ class TorchReader:
         self.model = model
         self.grid = grid
         self.timer = timer  # what a chunk's cost is measured with: injectable, as the schedulers' clock is
-        self.max_batch = max_batch
+        self._eager_batch = max_batch  # the torch forward reads a pass's sessions one after the other
         self.fast: FastForward | None = None
         if fast:
             from .qwen35.fast import FastForward
@@ -63,6 +63,8 @@ class TorchReader:
         return self.fast.warm_up() if self.fast is not None else 0.0
 
     def fast_report(self) -> dict[str, object] | None:
+        """What the fast path holds for this model (static buffers, graph pool), and which batch
+        sizes its warm-up check let through (``batches``: "ok", or why a size is not used)."""
         return self.fast.report() if self.fast is not None else None
 
     @property
@@ -128,29 +130,53 @@ class TorchReader:
 
     # ---- reading ------------------------------------------------------------------------
 
+    @property
+    def max_batch(self) -> int:
+        """The most sessions one ``read_chunks`` pass takes: the fast path's largest usable batch
+        size (its warm-up check may refuse some); on the torch forward, which reads a pass's sessions one
+        after the other, what the constructor was given (1 by default)."""
+        return self.fast.max_batch if self.fast is not None else self._eager_batch
+
     def read_chunk(self, book: SessionBook, tensors: SessionTensors) -> float:
         """Commit the next whole chunk; returns its measured cost in seconds (device synchronised)."""
-        start = book.committed
-        if book.pending < self.grid:
-            raise ValueError("no whole chunk pending")
-        assert tensors.state.length == start
-        ids = torch.tensor(book.ids[start:start + self.grid], dtype=torch.long)
-        t0 = self.timer()
-        if self.fast is not None:
-            self.fast.read_chunk(ids, tensors.state)
-        else:
-            self.model.forward(ids, tensors.state)
-        if tensors.state.device.type == "cuda":
-            torch.cuda.synchronize(tensors.state.device)
-        cost = self.timer() - t0
-        book.committed_chunk()
-        self.checkpoint_if_due(book, tensors)
-        return cost
+        return self.read_chunks([(book, tensors)])
 
     def read_chunks(self, batch: Sequence[tuple[SessionBook, SessionTensors]]) -> float:
-        """The next whole chunk of each session, one after the other: each is ``read_chunk`` on it
-        alone, so equal to it by construction (the batched forward replaces this loop)."""
-        return sum(self.read_chunk(book, tensors) for book, tensors in batch)
+        """Commit the next whole chunk of each (book, tensors), each at its own depth; returns the
+        measured cost of the whole call in seconds (device synchronised). Each session ends in the
+        bits ``read_chunk`` on it alone gives, whatever it is batched with. More sessions than one
+        pass takes are read in several passes, the largest usable batch sizes first. Checkpoints
+        are taken as ``read_chunk`` takes them."""
+        if not batch:
+            return 0.0
+        if len({id(tensors) for _, tensors in batch}) != len(batch):
+            raise ValueError("a session appears twice in one batch")
+        chunks = []
+        for book, tensors in batch:
+            start = book.committed
+            if book.pending < self.grid:
+                raise ValueError(f"no whole chunk pending: {book.pending} ids past {start}, grid {self.grid}")
+            if tensors.state.length != start:
+                raise ValueError(f"state and book disagree on the committed length: {tensors.state.length} != {start}")
+            chunks.append((torch.tensor(book.ids[start:start + self.grid], dtype=torch.long), tensors.state))
+        t0 = self.timer()
+        if self.fast is not None:
+            sizes = self.fast.usable
+            at = 0
+            while at < len(chunks):
+                take = max(b for b in sizes if b <= len(chunks) - at)
+                self.fast.read_chunks(chunks[at:at + take])
+                at += take
+        else:
+            for ids, state in chunks:
+                self.model.forward(ids, state)
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+        cost = self.timer() - t0
+        for book, tensors in batch:
+            book.committed_chunk()
+            self.checkpoint_if_due(book, tensors)
+        return cost
 
     def checkpoint_if_due(self, book: SessionBook, tensors: SessionTensors) -> None:
         if book.checkpoint_due():

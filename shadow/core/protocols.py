@@ -18,7 +18,11 @@ class Reader(Protocol):
     """Advances sessions' model state in whole grid chunks and answers forks on top of it."""
 
     grid: int
-    max_batch: int  # the most sessions one read_chunks pass takes (1: no batching)
+
+    @property
+    def max_batch(self) -> int:
+        """The most sessions one ``read_chunks`` pass takes (1: no batching)."""
+        ...
 
     @property
     def vocab_size(self) -> int: ...
@@ -54,7 +58,8 @@ class Reader(Protocol):
     def read_chunks(self, batch: Sequence[tuple[SessionBook, Any]]) -> float:
         """Commit the next whole chunk of each (book, tensors) in one pass, each at its own depth;
         returns the measured cost of the whole pass in seconds (device synchronised). Each session's
-        resulting tensors are bit-identical to read_chunk on it alone, whatever it is batched with."""
+        resulting tensors are bit-identical to read_chunk on it alone, whatever it is batched with.
+        Checkpoints are taken as read_chunk takes them."""
         ...
 
     def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None: ...

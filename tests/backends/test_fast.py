@@ -237,3 +237,75 @@ def test_device_decode_equals_the_token_by_token_loop(checkpoints):
     fork.close()
     assert got == loop[:loop.index(loop[1]) + 1]
     assert state.length == 64
+
+
+def test_batched_read_equals_each_session_read_alone(checkpoints):
+    """A batch mixing a session just rolled back, a deep one and a new one reads each of them as
+    ``read_chunk`` reads it alone, bit for bit (tensors and checkpoints); sizes the path does not
+    take are split over those it does; a refused size is not used, and the report says why."""
+    from shadow.backends.reader import TorchReader
+
+    from .batching import Followed, read_batch_and_compare
+
+    model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
+    reader = TorchReader(model, grid=64, fast=True)
+    assert reader.fast is not None and reader.fast.batches == (1, 2, 4) and reader.max_batch == 4
+    rng = random.Random(18)
+    ids = [rng.randrange(248000) for _ in range(400)]
+    rolled, deep, new = Followed.new(reader), Followed.new(reader), Followed.new(reader)
+    rolled.feed_prompt(reader, ids[:140])  # a checkpoint is wanted at 128
+    deep.feed_prompt(reader, ids[200:400])
+    for _ in range(2):
+        reader.read_chunks([(rolled.book, rolled.tensors), (deep.book, deep.tensors)])
+    assert rolled.book.checkpoints == [128] and deep.book.committed == 128
+    # the next turn's prompt differs at id 100: back to the start, with the new prompt pending
+    assert rolled.feed_prompt(reader, ids[:100] + ids[300:400])
+    assert rolled.book.committed == 0 and rolled.book.pending >= 128
+    new.feed_prompt(reader, ids[150:230])
+    read_batch_and_compare(reader, [rolled, deep, new], "rolled back, deep, new")  # one pass of 2, one of 1
+
+    reader.fast.refused[4] = "refused by the test"
+    assert reader.max_batch == 2
+    report = reader.fast_report()
+    assert report is not None and report["batches"]["4"] == "refused by the test" and report["max_batch"] == 2
+    with pytest.raises(ValueError, match="appears twice"):
+        reader.read_chunks([(deep.book, deep.tensors), (deep.book, deep.tensors)])
+
+
+def test_a_batch_size_that_differs_is_refused_logged_and_not_used(checkpoints, monkeypatch, caplog):
+    """The warm-up check (``graphs.check``, run here on the eager path): a batch size whose passes
+    give a session other bits than its chunk read alone is refused, the log and the report say
+    why, and the reader reads such batches in passes of the sizes left."""
+    import logging
+
+    from shadow.backends.qwen35 import graphs
+    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.reader import TorchReader
+
+    from .batching import Followed
+
+    real = FastForward._linear
+
+    def off_by_one_ulp_in_pairs(self, r, x, w):  # a GEMM that rounds another way at 2 sessions
+        out = real(self, r, x, w)
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if r.sessions == 2 else out
+
+    monkeypatch.setattr(FastForward, "_linear", off_by_one_ulp_in_pairs)
+    model = Qwen35.from_pretrained(checkpoints["float32"], device=DEV, dtype="float32")
+    reader = TorchReader(model, grid=64, fast=True)
+    assert reader.fast is not None
+    reader.fast.batches = (1, 2)
+    with caplog.at_level(logging.WARNING, logger="shadow.backends.qwen35.graphs"):
+        refused = graphs.check(reader.fast)
+    assert list(refused) == [2] and "differs from its chunk read alone" in refused[2]
+    assert "batch size 2 not used" in caplog.text
+    report = reader.fast_report()
+    assert report is not None and report["batches"] == {"1": "ok", "2": refused[2]} and reader.max_batch == 1
+
+    a, b = Followed.new(reader), Followed.new(reader)
+    a.feed_prompt(reader, list(range(1000, 1064)))
+    b.feed_prompt(reader, list(range(2000, 2064)))
+    passes = []
+    monkeypatch.setattr(reader.fast, "read_chunks", lambda chunks: passes.append(len(chunks)))
+    reader.read_chunks([(a.book, a.tensors), (b.book, b.tensors)])
+    assert passes == [1, 1]

@@ -128,6 +128,11 @@ def chunk_rule_in_place(
     gate summed within 64-row chunks in log2 units (``kernels.gates(chunk_sums=True)``);
     ``a_work`` [1, T, HV, 64] is this row count's solve buffer, zeroed once when made: the solve
     writes the same lower blocks on every call and the rest must stay zero. Returns o [T, HV, V].
+
+    With ``state`` of shape [B, HV, K, V] the T rows are B sessions of T / B rows, each from its
+    own state: fla's batch axis. Its kernels index a program's sequence by the program id alone
+    (``bos = i_b * T``), so one session's programs run the same compiled code on the same numbers
+    whatever B is: batched equals alone by construction.
     Tied to the fla version the ``gpu`` extra pins; the GPU tests compare it with the wrapper."""
     import triton
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64 as state_kernel
@@ -135,21 +140,29 @@ def chunk_rule_in_place(
     from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_kkt_solve_kernel as solve_kernel
     from fla.ops.gated_delta_rule.wy_fast import recompute_w_u_fwd
 
-    k1, v1, g1, b1, s1 = k[None], v[None], g_sums[None], beta[None], state[None]
-    _, t, h, dk = k1.shape
+    s1 = state if state.dim() == 4 else state[None]
+    b = s1.shape[0]
+    t = k.shape[0] // b
+
+    def per_session(x: torch.Tensor) -> torch.Tensor:
+        return x.view(b, t, *x.shape[1:])
+
+    k1, v1, g1, b1 = per_session(k), per_session(v), per_session(g_sums), per_session(beta)
+    _, _, h, dk = k1.shape
     hv, dv = v1.shape[2], v1.shape[3]
     chunk = a_work.shape[-1]
+    a1 = a_work.view(b, t, hv, chunk)
     nt = triton.cdiv(t, chunk)
-    solve_kernel[(nt, hv)](k=k1, g=g1, beta=b1, A=a_work, cu_seqlens=None, chunk_indices=None, T=t, H=h,
-                           HV=hv, K=dk, BT=chunk, BC=16)
-    w, u = recompute_w_u_fwd(k=k1, v=v1, beta=b1, A=a_work, g=g1)
-    hs = k1.new_empty(1, nt, hv, dk, dv)
+    solve_kernel[(nt, b * hv)](k=k1, g=g1, beta=b1, A=a1, cu_seqlens=None, chunk_indices=None, T=t, H=h,
+                               HV=hv, K=dk, BT=chunk, BC=16)
+    w, u = recompute_w_u_fwd(k=k1, v=v1, beta=b1, A=a1, g=g1)
+    hs = k1.new_empty(b, nt, hv, dk, dv)
     v_new = torch.empty_like(u)
 
     def grid(meta: dict[str, Any]) -> tuple[int]:
-        return (triton.cdiv(dv, meta["BV"]) * hv,)
+        return (triton.cdiv(dv, meta["BV"]) * b * hv,)
 
     state_kernel[grid](k=k1, v=u, w=w, v_new=v_new, g=g1, gk=None, h=hs, h0=s1, ht=s1, cu_seqlens=None,
                        chunk_offsets=None, T=t, H=h, HV=hv, K=dk, V=dv, BT=chunk, STATE_V_FIRST=False)
-    o: torch.Tensor = chunk_fwd_o(q=q[None], k=k1, v=v_new, h=hs, g=g1, scale=dk ** -0.5, chunk_size=chunk)
-    return o[0]
+    o: torch.Tensor = chunk_fwd_o(q=per_session(q), k=k1, v=v_new, h=hs, g=g1, scale=dk ** -0.5, chunk_size=chunk)
+    return o.view(b * t, hv, dv)

@@ -85,7 +85,7 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
 
 
 @triton.jit
-def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_ptr, k_ptr, v_ptr, R,
+def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_ptr, k_ptr, v_ptr, R, SEG,
                          stride_proj, H, KVH, HD, RD, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     head = tl.program_id(1)  # [0, H) queries, [H, H + KVH) keys, [H + KVH, H + 2 KVH) values
@@ -110,7 +110,8 @@ def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_pt
         partner = tl.where(cols < half, cols + half, cols - half)
         pf = tl.load(src + partner, mask=mr & rot, other=0.0).to(tl.float32)
         py = pf * rstd * tl.load(w_ptr + partner, mask=rot, other=0.0)
-        pos = (tl.load(start_ptr) + row).to(tl.float32)
+        # row r is row r % SEG of session r // SEG, which starts at its own position
+        pos = (tl.load(start_ptr + row // SEG, mask=mr, other=0) + row % SEG).to(tl.float32)
         freq = pos * tl.load(inv_freq_ptr + (cols % half), mask=rot, other=0.0)
         rotated = tl.where(cols < half, -py, py)
         y = tl.where(rot, y * tl.cos(freq) + rotated * tl.sin(freq), y)
@@ -122,13 +123,15 @@ def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_pt
 
 
 def qk_norm_rope(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, inv_freq: torch.Tensor,
-                 start: torch.Tensor, eps: float, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+                 start: torch.Tensor, eps: float, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 seg: int | None = None) -> None:
     """From the merged projection ``[q|gate per head, k, v]``: normalised, rotated q [n,H,hd] and
-    k [n,KVH,hd], and v [n,KVH,hd]. ``start`` (1 element) is the position of row 0."""
+    k [n,KVH,hd], and v [n,KVH,hd]. The rows are sessions of ``seg`` rows each (all of them, one
+    session, by default); ``start[b]`` is the position of session b's first row."""
     rows, heads, hd = q.shape
     kvh = k.shape[1]
     _qk_norm_rope_kernel[(triton.cdiv(rows, HEAD_ROWS), heads + 2 * kvh)](
-        proj, q_norm, k_norm, inv_freq, start, q, k, v, rows, proj.stride(0), heads, kvh, hd,
+        proj, q_norm, k_norm, inv_freq, start, q, k, v, rows, seg or rows, proj.stride(0), heads, kvh, hd,
         2 * inv_freq.shape[0], eps, ROWS=HEAD_ROWS, BLOCK=_pow2(hd), num_warps=4)
 
 
@@ -164,13 +167,18 @@ def _held_or_new(proj_ptr, state_ptr, c, mc, r, stride_proj, KERNEL: tl.constexp
 
 
 @triton.jit
-def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, C, KD, stride_proj,
+def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, SEG, C, KD, stride_proj, stride_state,
                       KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, HEAD: tl.constexpr):
-    # One program: one head's channels over BLOCK_T rows, walked in order with the last KERNEL - 1
-    # rows held in registers, so each row is loaded once (the unrolled loads do not depend on one
-    # another and issue together).
+    # One program: one head's channels over BLOCK_T rows of one session, walked in order with the
+    # last KERNEL - 1 rows held in registers, so each row is loaded once (the unrolled loads do not
+    # depend on one another and issue together). Rows are sessions of SEG rows, each after its own
+    # held columns: a session's arithmetic is the same whichever sessions share the launch.
     tl.static_assert(KERNEL == 4)
-    t0 = tl.program_id(0) * BLOCK_T
+    g0 = tl.program_id(0) * BLOCK_T
+    sess = g0 // SEG
+    t0 = g0 - sess * SEG  # the block's first row within its session (blocks never straddle two)
+    proj_ptr += sess * SEG * stride_proj
+    state_ptr += sess * stride_state
     c = tl.program_id(1) * HEAD + tl.arange(0, HEAD)
     mc = c < C
     w0 = tl.load(w_ptr + c * KERNEL + 0, mask=mc, other=0.0).to(tl.float32)
@@ -181,12 +189,13 @@ def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, C, KD, 
     xb = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 2, stride_proj, KERNEL)
     xc = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 1, stride_proj, KERNEL)
     region = tl.program_id(1) * HEAD // KD  # 0 q, 1 k, 2 and above v
-    # out is [q (n*KD) | k (n*KD) | v (n*VD)], each block contiguous by rows, as fla wants them
+    # out is [q (n*KD) | k (n*KD) | v (n*VD)], each block contiguous by rows over every session, as
+    # fla wants them (its batch axis is the sessions)
     width = tl.where(region >= 2, C - 2 * KD, KD)
-    base = out_ptr + tl.minimum(region, 2) * n * KD + (c - tl.minimum(region, 2) * KD)
+    base = out_ptr + tl.minimum(region, 2) * n * KD + (c - tl.minimum(region, 2) * KD) + sess * SEG * width
     for i in tl.static_range(BLOCK_T):
         t = t0 + i
-        real = mc & ((c * 0 + t) < n)
+        real = mc & ((c * 0 + t) < SEG) & ((c * 0 + sess * SEG + t) < n)
         xd = tl.load(proj_ptr + t * stride_proj + c, mask=real, other=0.0).to(tl.float32)
         acc = xa * w0 + xb * w1 + xc * w2 + xd * w3
         y = acc * tl.sigmoid(acc)
@@ -194,7 +203,7 @@ def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, C, KD, 
             y = y * tl.rsqrt(tl.sum(y * y, axis=0) + 1e-6)
         tl.store(base + t * width, y.to(out_ptr.dtype.element_ty), mask=real)
         xa, xb, xc = xb, xc, xd
-    if tl.program_id(0) == 0:
+    if t0 == 0:
         # The state moves on here, in the one program that read it: the new held columns are
         # columns [valid, valid + KERNEL) of [state | new rows]; all read before any is written.
         valid = tl.load(valid_ptr)
@@ -214,16 +223,23 @@ def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key
               valid: torch.Tensor, out: torch.Tensor, block_t: int = 8, warps: int = 1) -> None:
     """The depthwise causal conv and SiLU over ``proj[:, :C]`` after the held columns ``state``
     [C, kernel]; writes [q | k | v] blocks into ``out`` (q and k l2-normalised per ``head``
-    channels) and moves ``state`` on by ``valid`` rows, in one launch."""
-    c, kernel = state.shape
+    channels) and moves ``state`` on by ``valid`` rows, in one launch. With ``state`` of shape
+    [B, C, kernel] the rows are B sessions of n / B rows each, every one after its own held
+    columns and moved on by ``valid`` of its own rows."""
+    if state.dim() == 2:
+        state = state[None]
+    sessions, c, kernel = state.shape
     n = proj.shape[0]
+    seg = n // sessions
     if kernel != 4:
         raise ValueError(f"the fused conv is written for a kernel of 4 columns, the model has {kernel}")
     if key_dim % head or (c - 2 * key_dim) % head:
         raise ValueError(f"conv channels ({key_dim}, {c - 2 * key_dim}) are not whole heads of {head}")
-    _conv_silu_kernel[(triton.cdiv(n, block_t), c // head)](
-        proj, state, weight, out, valid, n, c, key_dim, proj.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head,
-        num_warps=warps)
+    if seg * sessions != n or (sessions > 1 and seg % block_t):
+        raise ValueError(f"{n} rows are not {sessions} sessions of whole {block_t}-row blocks")
+    _conv_silu_kernel[(sessions * triton.cdiv(seg, block_t), c // head)](
+        proj, state, weight, out, valid, n, triton.cdiv(seg, block_t) * block_t, c, key_dim, proj.stride(0),
+        state.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head, num_warps=warps)
 
 
 # fla's chunked GDN kernels take the gate as a running sum within each 64-row chunk, in log2 units
@@ -231,12 +247,12 @@ FLA_CHUNK = 64
 
 
 @triton.jit
-def _gates_kernel(proj_ptr, neg_a_ptr, dt_bias_ptr, valid_ptr, g_ptr, beta_ptr, R, stride_proj, b_off, a_off, HV,
-                  ROWS: tl.constexpr, BLOCK: tl.constexpr, CUMSUM: tl.constexpr):
+def _gates_kernel(proj_ptr, neg_a_ptr, dt_bias_ptr, valid_ptr, g_ptr, beta_ptr, R, SEG, stride_proj, b_off, a_off,
+                  HV, ROWS: tl.constexpr, BLOCK: tl.constexpr, CUMSUM: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     h = tl.arange(0, BLOCK)[None, :]
     m = (row < R) & (h < HV)
-    keep = row < tl.load(valid_ptr)
+    keep = row % SEG < tl.load(valid_ptr)  # valid counts each session's own rows
     b = tl.load(proj_ptr + row * stride_proj + b_off + h, mask=m, other=0.0).to(tl.float32)
     a = tl.load(proj_ptr + row * stride_proj + a_off + h, mask=m, other=0.0).to(tl.float32)
     x = a + tl.load(dt_bias_ptr + h, mask=h < HV, other=0.0).to(tl.float32)
@@ -251,15 +267,18 @@ def _gates_kernel(proj_ptr, neg_a_ptr, dt_bias_ptr, valid_ptr, g_ptr, beta_ptr, 
 
 
 def gates(proj: torch.Tensor, b_off: int, a_off: int, neg_a: torch.Tensor, dt_bias: torch.Tensor,
-          valid: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, chunk_sums: bool = False) -> None:
+          valid: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, chunk_sums: bool = False,
+          seg: int | None = None) -> None:
     """``g = -exp(A_log) * softplus(a + dt_bias)`` (fp32) and ``beta = sigmoid(b)``, per row and value head.
     ``chunk_sums``: g leaves as fla's chunked kernels take it, summed within each ``FLA_CHUNK`` rows
-    and times 1/ln 2 (what fla's own cumsum launch would do, here in the same launch)."""
+    and times 1/ln 2 (what fla's own cumsum launch would do, here in the same launch). Rows are
+    sessions of ``seg`` rows (one session by default; a multiple of ``FLA_CHUNK`` when several),
+    the first ``valid`` of each real."""
     rows, hv = g.shape
     per = FLA_CHUNK if chunk_sums else 16
-    _gates_kernel[(triton.cdiv(rows, per),)](proj, neg_a, dt_bias, valid, g, beta, rows, proj.stride(0), b_off,
-                                             a_off, hv, ROWS=per, BLOCK=_pow2(hv), CUMSUM=chunk_sums,
-                                             num_warps=1 if not chunk_sums else 2)
+    _gates_kernel[(triton.cdiv(rows, per),)](proj, neg_a, dt_bias, valid, g, beta, rows, seg or rows,
+                                             proj.stride(0), b_off, a_off, hv, ROWS=per, BLOCK=_pow2(hv),
+                                             CUMSUM=chunk_sums, num_warps=1 if not chunk_sums else 2)
 
 
 @triton.jit

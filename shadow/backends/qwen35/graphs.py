@@ -1,0 +1,169 @@
+"""The fast path's CUDA graphs: capture of every row count's pieces into one shared pool, the
+warm-up check that each captured batch size reads every session as it reads alone, and the report
+of what all of it holds.
+
+Why a check and not a proof: every piece of a batched pass computes one session's numbers from that
+session's alone (``fast.py``'s docstring says how), except that cuBLAS picks its GEMM kernel by the
+row count, and a kernel that splits the reduction differently would round differently. So each
+captured batch size reads random sessions at mixed depths and compares every tensor with the same
+session's chunk read alone (``torch.equal``). A size that differs is refused: the reader splits
+batches over the sizes left, and the log and the report say which size failed and why.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .staging import stacked
+from .state import ModelState
+
+if TYPE_CHECKING:
+    from .fast import FastForward
+
+log = logging.getLogger(__name__)
+
+CHECK_SEED = 18
+CHECK_DEPTHS = 4  # session b of a check batch starts at depth (b % CHECK_DEPTHS) chunks
+
+
+def capture(fast: FastForward) -> None:
+    """Capture every row count's pieces, largest first, into one pool (CUDA only)."""
+    t0 = time.perf_counter()
+    # Python's collector must not run during a capture: freeing another instance's graphs or
+    # events is a CUDA call that a capture forbids (it invalidates the capture). Collect first.
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    dev = fast.device
+    try:
+        # Capture empties the allocator's cache on entry: empty it first, so that the difference
+        # below is what the capture added, not what it freed.
+        torch.cuda.empty_cache()
+        reserved_before = torch.cuda.memory_reserved(dev)
+        fast.pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        # largest first, so the smaller ones fit in what it leaves (the pool is shared)
+        for n in sorted(fast.sizes, reverse=True):
+            r = fast._rows_for(n)
+            r.valid.fill_(1)  # the capture's runs write scratch rows only
+            pieces = fast.pieces(n)
+            with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
+                for j in range(pieces):
+                    fast._run(r, j)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            captured = []
+            for j in range(pieces):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=fast.pool, stream=stream):
+                    fast._run(r, j)
+                captured.append(g)
+            r.graphs = captured
+    finally:
+        if collecting:
+            gc.enable()
+    torch.cuda.synchronize(dev)
+    fast.capture_s = time.perf_counter() - t0
+    fast.capture_bytes = torch.cuda.memory_reserved(dev) - reserved_before
+
+
+def clone_state(s: ModelState) -> ModelState:
+    """A deep copy whose conv and recurrent tensors are stacked again (so the fast path moves them in
+    one copy each)."""
+    def kind(views: list[torch.Tensor]) -> list[torch.Tensor]:
+        base = stacked(views)
+        return list(base.clone().unbind(0)) if base is not None else [t.clone() for t in views]
+
+    return ModelState(s.cfg, s.device, s.dtype, s.length, [t.clone() for t in s.k], [t.clone() for t in s.v],
+                      kind(s.conv), kind(s.recurrent))
+
+
+def same_state(a: ModelState, b: ModelState) -> bool:
+    """Bit for bit: the committed KV rows, the conv and the recurrent state."""
+    if a.length != b.length:
+        return False
+    n = a.length
+    rows = [(x[:n], y[:n]) for x, y in zip(a.k + a.v, b.k + b.v, strict=True)]
+    return all(torch.equal(x, y) for x, y in rows + list(zip(a.conv + a.recurrent, b.conv + b.recurrent,
+                                                              strict=True)))
+
+
+def check(fast: FastForward, seed: int = CHECK_SEED) -> dict[int, str]:
+    """Read random sessions at mixed depths in each batch size above 1 and alone; refuse (in
+    ``fast.refused``) each size where some session's tensors differ. Returns the refusals."""
+    sizes = [b for b in fast.batches if b > 1]
+    if not sizes:
+        return {}
+    t0 = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    vocab = fast.cfg.vocab_size
+
+    def chunk() -> torch.Tensor:
+        return torch.randint(0, vocab, (fast.grid,), generator=gen)
+
+    def new_state() -> ModelState:
+        # KV rows for the deepest session and its next chunk only (not a whole KV_STEP): the check
+        # holds three copies of every session at once
+        state = fast.model.new_state()
+        rows = CHECK_DEPTHS * fast.grid
+        state.k = [t.new_zeros(rows, *t.shape[1:]) for t in state.k]
+        state.v = [t.new_zeros(rows, *t.shape[1:]) for t in state.v]
+        return state
+
+    bases: list[ModelState] = []
+    for b in range(max(sizes)):
+        state = new_state()
+        for _ in range(b % CHECK_DEPTHS):
+            fast.read_chunk(chunk(), state)
+        bases.append(state)
+    nexts = [chunk() for _ in bases]
+    alone = []
+    for base, ids in zip(bases, nexts, strict=True):
+        state = clone_state(base)
+        fast.read_chunk(ids, state)
+        alone.append(state)
+    for size in sizes:
+        batch = [clone_state(base) for base in bases[:size]]
+        fast.read_chunks(list(zip(nexts[:size], batch, strict=True)))
+        differ = [b for b in range(size) if not same_state(batch[b], alone[b])]
+        if differ:
+            fast.refused[size] = (f"session {differ[0]} of {size} (depth {(differ[0] % CHECK_DEPTHS) * fast.grid}) "
+                                  f"differs from its chunk read alone; {len(differ)} of {size} differ")
+            log.warning("fast path: batch size %d not used: %s", size, fast.refused[size])
+    del bases, alone, batch
+    if fast.device.type == "cuda":
+        torch.cuda.synchronize(fast.device)
+        # give the check's sessions back to the device (the main model may share it), not to the cache
+        torch.cuda.empty_cache()
+    fast.check_s = time.perf_counter() - t0
+    return {b: why for b, why in fast.refused.items() if b in sizes}
+
+
+def report(fast: FastForward) -> dict[str, Any]:
+    """What the fast path holds beside the sessions, shared by all of them, for this model's size."""
+    cfg = fast.cfg
+    slots = (fast.conv_all, fast.rec_all)
+    slot_bytes = sum(t[:, 0].numel() * t.element_size() for t in slots)
+    static = sum(t.numel() * t.element_size() for t in slots) + sum(r.nbytes() for r in fast.rows.values())
+    merged = sum(t.numel() * t.element_size() for lw in fast.layers for t in (lw.w_in, lw.gate_up))
+    out: dict[str, Any] = {
+        "graphs": fast.use_graphs, "sizes": list(fast.sizes), "capture_s": fast.capture_s,
+        "model": {"hidden_size": cfg.hidden_size, "layers": len(cfg.layer_types), "dtype": str(fast.model.dtype)},
+        # per batch size: "ok" once checked, "unchecked" before (or without graphs), else why not used
+        "batches": {str(b): fast.refused.get(b, "ok" if fast.check_s or b == 1 else "unchecked")
+                    for b in fast.batches},
+        "max_batch": fast.max_batch, "check_s": fast.check_s,
+        "state_slots": fast.batches[-1], "state_slot_bytes": slot_bytes,
+        "static_bytes": static, "merged_weight_bytes": merged,
+    }
+    if fast.use_graphs and fast.pool is not None:
+        # what the capture added to the allocator's reservation: the graphs' pool and work buffers
+        out["capture_reserved_bytes"] = fast.capture_bytes
+        # everything the allocator holds after capture (the weights included)
+        out["allocator_reserved_bytes"] = torch.cuda.memory_reserved(fast.device)
+    return out

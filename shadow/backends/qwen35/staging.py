@@ -1,0 +1,112 @@
+"""One row count's static tensors for the fast path: what a pass's inputs cross into, what the
+captured pieces hand to the eager attention and back, and the captured graphs themselves.
+
+A pass of ``n`` rows holds ``sessions`` sessions of ``seg`` rows each: a fork's pass is one
+session of ``n`` rows, a batched read ``n / grid`` sessions of ``grid`` rows. Its inputs are
+``[ids (n) | start of each session | valid]`` in one device tensor, written by one copy from pinned
+host memory, so they change with no new capture and no fill launches. ``valid`` counts the real
+rows of each session (a fork's padding comes after them; a read has none).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# Host staging slots per row count: the host may queue this many passes (a fork's decode) before it
+# waits for the oldest one's inputs to have reached the device.
+STAGING_SLOTS = 4
+
+
+@dataclass(eq=False)
+class Rows:
+    """The attributes a piece sets are the same tensors on every replay."""
+
+    n: int
+    seg: int  # rows per session
+    io: torch.Tensor
+    attn: torch.Tensor  # attention output, written eagerly, read by the next piece
+    staging: list[torch.Tensor] = field(default_factory=list)  # pinned host copies of io, used in turn
+    staged: list[Any] = field(default_factory=list)  # per slot: the event recorded after its last copy
+    turn: int = 0
+    h: torch.Tensor | None = None
+    delta: torch.Tensor | None = None
+    proj: torch.Tensor | None = None
+    # q, k, v of each attention layer, kept apart: a captured piece writes its own tensors on every
+    # replay, and the eager step after it must read those (not the last piece's), and they must
+    # stay allocated so that no later capture reuses their memory
+    qkv: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    logits: torch.Tensor | None = None
+    # fla's solve buffer for this row count, zeroed once (see ``gdn_fla.chunk_rule_in_place``)
+    solve: torch.Tensor | None = None
+    graphs: list[Any] = field(default_factory=list)  # one per piece, then (forks) the logits graph
+
+    @classmethod
+    def make(cls, n: int, seg: int, heads: int, head_dim: int, device: torch.device, dtype: torch.dtype) -> Rows:
+        sessions = n // seg
+        rows = cls(n=n, seg=seg, io=torch.zeros(n + sessions + 1, dtype=torch.long, device=device),
+                   attn=torch.zeros(n, heads, head_dim, device=device, dtype=dtype))
+        if device.type == "cuda":
+            rows.staging = [torch.empty(rows.io.shape[0], dtype=torch.long, pin_memory=True)
+                            for _ in range(STAGING_SLOTS)]
+            rows.staged = [torch.cuda.Event() for _ in range(STAGING_SLOTS)]  # type: ignore[no-untyped-call]
+        return rows
+
+    @property
+    def sessions(self) -> int:
+        return self.n // self.seg
+
+    @property
+    def ids(self) -> torch.Tensor:
+        return self.io[:self.n]
+
+    @property
+    def starts(self) -> torch.Tensor:
+        return self.io[self.n:self.n + self.sessions]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.io[self.n + self.sessions:]
+
+    def nbytes(self) -> int:
+        return self.io.numel() * 8 + self.attn.numel() * self.attn.element_size()
+
+    def stage(self, ids: torch.Tensor, starts: Sequence[int], valid: int) -> None:
+        """Queue the copy of a pass's inputs to ``io``: one copy from pinned memory (ids already on
+        the device, a decode step's argmax, are copied there apart). A slot is written only once
+        the device has taken its previous contents."""
+        n, s = self.n, self.sessions
+        if not self.staging:  # off CUDA: the copy is synchronous
+            self.io[:n].copy_(ids)
+            self.io[n:n + s] = torch.tensor(list(starts), dtype=torch.long)
+            self.io[n + s] = valid
+            return
+        slot = self.turn % len(self.staging)
+        self.turn += 1
+        self.staged[slot].synchronize()  # returns at once for an event never recorded
+        host = self.staging[slot]
+        view = host.numpy()
+        view[n:n + s] = starts
+        view[n + s] = valid
+        if ids.is_cuda:
+            self.io[:n].copy_(ids)
+            self.io[n:].copy_(host[n:], non_blocking=True)
+        else:
+            view[:n] = ids.numpy()
+            self.io.copy_(host, non_blocking=True)
+        self.staged[slot].record()
+
+
+def stacked(views: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The tensor that ``views`` are consecutive slices of (``t.unbind(0)``), or None."""
+    base = views[0]._base if views else None
+    if base is None or not base.is_contiguous() or base.shape[0] != len(views):
+        return None
+    step = base.stride(0) * base.element_size()
+    for i, v in enumerate(views):
+        if v.data_ptr() != base.data_ptr() + i * step or v.shape != base.shape[1:]:
+            return None
+    return base
