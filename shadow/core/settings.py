@@ -76,6 +76,14 @@ class ShadowSettings(BaseSettings):
                                                       f"{MAX_HOLD_S:g}, which the API's schema states)")
     max_session_ids: int = Field(2_000_000, description="most ids one session holds; a feed beyond is refused (400)")
 
+    # ---- `shadow proxy` ------------------------------------------------------------------------
+    proxy_max_body_kb: int = Field(32768, description="largest request body the proxy accepts and forwards, "
+                                                      "KiB; a larger one is refused (413)")
+    proxy_max_sessions: int = Field(1024, description="sessions the proxy's table remembers to find a "
+                                                      "conversation by its prompt; least recently used first out")
+    proxy_retry_s: float = Field(10.0, description="a client's retry of the same body within this many seconds "
+                                                   "continues the same turn (counted as a retry)")
+
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
     idle_window_s: float = Field(2.0, description="longest idle read")
@@ -212,6 +220,13 @@ class ShadowSettings(BaseSettings):
     @field_validator("max_body_kb", "max_holds", "max_session_ids", "narrator_max_tokens")
     @classmethod
     def _body(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("must be at least 1")
+        return v
+
+    @field_validator("proxy_max_body_kb", "proxy_max_sessions")
+    @classmethod
+    def _proxy_bounds(cls, v: int) -> int:
         if v < 1:
             raise ValueError("must be at least 1")
         return v

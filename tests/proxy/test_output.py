@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from shadow.adapters.transcripts import load_transcript, render_turns
-from shadow.proxy.app import _choices, _events
 from shadow.proxy.output import OutputIds
+from shadow.proxy.relay import parse_event, take_events
+from shadow.proxy.turn import choices
 from tests.proxy.upstream import sse_chunks
 
 SESSIONS = {"reasoning": ("mini-swe-agent-gemini3-swebench/django__django-12741.traj.json", 0),
@@ -24,8 +25,9 @@ def _replay(out: OutputIds, chunks: list[bytes]) -> tuple[list[int], int]:
     buffer = bytearray()
     for c in chunks:
         buffer.extend(c)
-        for event in _events(buffer):
-            for choice in _choices(event):
+        for event in take_events(buffer):
+            obj = parse_event(event)
+            for choice in choices(obj, "delta") if obj is not None else []:
                 out.add_choice(choice, "delta")
                 fed += out.round()
     in_rounds = len(fed)

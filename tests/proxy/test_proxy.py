@@ -18,7 +18,7 @@ from shadow.adapters.transcripts import load_transcript, render_turns
 from shadow.adapters.transcripts.model import Transcript
 from shadow.api.server import BackgroundServer
 from shadow.proxy import ProxyApp, create_proxy_app
-from tests.conftest import GRID, make_container, make_settings, wait_until
+from tests.conftest import GRID, Spans, make_container, make_settings, wait_until
 from tests.proxy.upstream import MODELS, ScriptedUpstream, key, sse_chunks, whole_body
 
 RAW = "sessions/raw"
@@ -47,28 +47,28 @@ class Stack:
 
     @property
     def service(self) -> Any:
-        return self.proxy.service
+        return self.proxy.host
 
     def idle(self) -> None:
         wait_until(lambda: self.service.activity.counts()[:2] == (0, 0), "the proxy's turns to finish", 60.0)
 
 
 @pytest.fixture
-def stack_of(checkpoint: Path, tmp_path: Path) -> Iterator[Any]:
+def stack_of(checkpoint: Path, tmp_path: Path, spans: Spans) -> Iterator[Any]:
     servers: list[BackgroundServer] = []
 
-    def make(transcripts: list[Transcript]) -> Stack:
+    def make(transcripts: list[Transcript], engine: str = "transformers", **kw: Any) -> Stack:
         replies = {key(r.messages): r.response for t in transcripts for r in t.requests}
         upstream = ScriptedUpstream(replies)
         up = BackgroundServer(upstream, lifespan="off")
         up.start()
         servers.append(up)
-        settings = make_settings(checkpoint, tmp_path, idle_poll_s=0.05, idle_window_s=2.0)
-        proxy = create_proxy_app(up.url, make_container(settings), timeout_s=60.0)
+        settings = make_settings(checkpoint, tmp_path, idle_poll_s=0.05, idle_window_s=2.0, **kw)
+        proxy = create_proxy_app(up.url, make_container(settings, spans=spans), timeout_s=60.0, engine=engine)
         front = BackgroundServer(proxy, server_header=False, date_header=False)
         front.start()
         servers.append(front)
-        wait_until(lambda: proxy.service.slot.state == "loaded", "the model to load")
+        wait_until(lambda: proxy.host.slot.state == "loaded", "the model to load")
         return Stack(proxy, upstream, front.url, up.url)
 
     yield make
@@ -132,7 +132,9 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
     assert compare(got_state, want_state)[0]
     s = stack.service.status()
     assert s["host"]["running"] == 0 and s["host"]["finished_turns"] == n + 3
-    assert stack.proxy.errors == []
+    counts = stack.proxy.counts.as_dict()
+    # the broken and the abandoned turn were retried within the retry window: retries, not turns
+    assert counts["turns"] == n + 1 and counts["retries"] == 2 and counts["not_followed"] == {}
 
 
 def test_two_interleaved_sessions_without_a_header_are_told_apart_by_prefix(
@@ -162,9 +164,10 @@ def test_other_paths_pass_through_and_failures_are_the_upstreams(shared_data: Pa
     with httpx.Client(timeout=60.0) as client:
         models = client.get(stack.url + "/v1/models")
         assert models.status_code == 200 and models.content == MODELS
-        echo = client.post(stack.url + "/v1/embeddings?x=1", content=b"anything")
+        echo = client.post(stack.url + "/v1/embeddings?x=1", content=b'"anything"',
+                           headers={"content-type": "application/json"})
         assert echo.status_code == 418 and echo.headers["x-upstream"] == "echo"
-        assert echo.json() == {"path": "/v1/embeddings", "query": "x=1", "body": "anything"}
+        assert echo.json() == {"path": "/v1/embeddings", "query": "x=1", "body": '"anything"'}
         unknown = client.post(stack.url + "/v1/chat/completions",
                               json={"model": "qwen", "messages": [{"role": "user", "content": "not scripted"}]})
         assert unknown.status_code == 404 and unknown.content == b'{"error":"no such turn"}'
