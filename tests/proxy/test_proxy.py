@@ -6,7 +6,6 @@ headers the client receives, which ``openai`` parses away; httpx is already a de
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,76 +13,15 @@ import httpx
 import pytest
 
 from shadow.adapters.replay import compare
-from shadow.adapters.transcripts import load_transcript, render_turns
-from shadow.adapters.transcripts.model import Transcript
-from shadow.api.server import BackgroundServer
-from shadow.proxy import ProxyApp, create_proxy_app
-from tests.conftest import GRID, Spans, make_container, make_settings, wait_until
-from tests.proxy.upstream import MODELS, ScriptedUpstream, key, sse_chunks, whole_body
-
-RAW = "sessions/raw"
-REASONING = ("mini-swe-agent-gemini3-swebench/django__django-12741.traj.json", 0, 4)
-TOOLS = ("openhands-examples/output.jsonl", (1, 2), 2)
-
-
-def _transcript(shared_data: Path, path: str, index: int) -> Transcript:
-    return load_transcript(shared_data / RAW / path)[index]
-
-
-def _headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return [(k.lower(), v) for k, v in response.headers.raw if k.lower() != b"date"]
-
-
-def _body(req: Any, stream: bool = True) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "qwen", "messages": req.messages, "stream": stream}
-    if req.tools:
-        body["tools"] = req.tools
-    return body
-
-
-class Stack:
-    def __init__(self, proxy: ProxyApp, upstream: ScriptedUpstream, url: str, upstream_url: str) -> None:
-        self.proxy, self.upstream, self.url, self.upstream_url = proxy, upstream, url, upstream_url
-
-    @property
-    def service(self) -> Any:
-        return self.proxy.host
-
-    def idle(self) -> None:
-        wait_until(lambda: self.service.activity.counts()[:2] == (0, 0), "the proxy's turns to finish", 60.0)
-
-
-@pytest.fixture
-def stack_of(checkpoint: Path, tmp_path: Path, spans: Spans) -> Iterator[Any]:
-    servers: list[BackgroundServer] = []
-
-    def make(transcripts: list[Transcript], engine: str = "transformers", **kw: Any) -> Stack:
-        replies = {key(r.messages): r.response for t in transcripts for r in t.requests}
-        upstream = ScriptedUpstream(replies)
-        up = BackgroundServer(upstream, lifespan="off")
-        up.start()
-        servers.append(up)
-        settings = make_settings(checkpoint, tmp_path, idle_poll_s=0.05, idle_window_s=2.0, **kw)
-        proxy = create_proxy_app(up.url, make_container(settings, spans=spans), timeout_s=60.0, engine=engine)
-        front = BackgroundServer(proxy, server_header=False, date_header=False)
-        front.start()
-        servers.append(front)
-        wait_until(lambda: proxy.host.slot.state == "loaded", "the model to load")
-        return Stack(proxy, upstream, front.url, up.url)
-
-    yield make
-    for s in reversed(servers):
-        s.stop()
-
-
-def _stream(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
-    with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
-        return r.status_code, b"".join(r.iter_raw())
+from shadow.adapters.transcripts import render_turns
+from tests.conftest import GRID, wait_until
+from tests.proxy.conftest import REASONING, TOOLS, chat_body, headers_of, session_of, stream_chat
+from tests.proxy.upstream import MODELS, sse_chunks, whole_body
 
 
 def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_data: Path, stack_of: Any) -> None:
     path, index, n = REASONING
-    transcript = _transcript(shared_data, path, index)
+    transcript = session_of(shared_data, path, index)
     requests = transcript.requests[:n]
     turns = render_turns(transcript, indices=range(n))
     stack = stack_of([transcript])
@@ -93,13 +31,13 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
         for i, req in enumerate(requests):
             if i == 1:  # the upstream breaks mid-stream: the client sees the break, then retries
                 with pytest.raises(httpx.RemoteProtocolError):
-                    _stream(client, stack.url, _body(req), {**hdr, "x-test-fail-after": "8"})
+                    stream_chat(client, stack.url, chat_body(req), {**hdr, "x-test-fail-after": "8"})
                 stack.idle()
                 half = list(stack.service._live.session_ids(session))  # the prompt and what streamed
                 assert half[:len(turns[i].prompt_ids)] == turns[i].prompt_ids
                 assert len(turns[i].prompt_ids) < len(half) < len(turns[i].prompt_ids) + len(turns[i].output_ids)
             if i == 2:  # the client goes away mid-stream, then retries
-                with client.stream("POST", stack.url + "/v1/chat/completions", json=_body(req),
+                with client.stream("POST", stack.url + "/v1/chat/completions", json=chat_body(req),
                                    headers={**hdr, "x-test-delay": "0.05"}) as r:
                     first = next(r.iter_raw())
                     assert first == sse_chunks(req.response)[0]
@@ -107,17 +45,17 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
                 half = list(stack.service._live.session_ids(session))
                 assert half[:len(turns[i].prompt_ids)] == turns[i].prompt_ids
                 assert len(half) < len(turns[i].prompt_ids) + len(turns[i].output_ids)
-            status, got = _stream(client, stack.url, _body(req), hdr)
+            status, got = stream_chat(client, stack.url, chat_body(req), hdr)
             assert status == 200
             assert got == b"".join(sse_chunks(req.response)), f"turn {i}: the bytes differ from the upstream's"
             stack.idle()
             ids = list(stack.service._live.session_ids(session))
             assert ids == turns[i].prompt_ids + turns[i].output_ids, f"turn {i}: the session's ids"
         # the headers are the upstream's (less Date, which each server stamps)
-        via = client.post(stack.url + "/v1/chat/completions", json=_body(requests[-1], stream=False), headers=hdr)
-        direct = client.post(stack.upstream_url + "/v1/chat/completions", json=_body(requests[-1], stream=False))
+        via = client.post(stack.url + "/v1/chat/completions", json=chat_body(requests[-1], stream=False), headers=hdr)
+        direct = client.post(stack.upstream_url + "/v1/chat/completions", json=chat_body(requests[-1], stream=False))
         assert via.content == direct.content == whole_body(requests[-1].response)
-        assert via.status_code == direct.status_code == 200 and _headers(via) == _headers(direct)
+        assert via.status_code == direct.status_code == 200 and headers_of(via) == headers_of(direct)
         assert len(via.headers.get_list("date")) == 1
     stack.idle()
     sh = stack.service._live
@@ -140,13 +78,13 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
 def test_two_interleaved_sessions_without_a_header_are_told_apart_by_prefix(
         shared_data: Path, stack_of: Any) -> None:
     path, picks, n = TOOLS
-    transcripts = [_transcript(shared_data, path, i) for i in picks]
+    transcripts = [session_of(shared_data, path, i) for i in picks]
     stack = stack_of(transcripts)
     with httpx.Client(timeout=120.0) as client:
         for i in range(n):
             for t in transcripts:
                 req = t.requests[i]
-                status, got = _stream(client, stack.url, _body(req), {})
+                status, got = stream_chat(client, stack.url, chat_body(req), {})
                 assert status == 200 and got == b"".join(sse_chunks(req.response))
                 stack.idle()
     names = stack.proxy.sessions.names()
@@ -159,7 +97,7 @@ def test_two_interleaved_sessions_without_a_header_are_told_apart_by_prefix(
 
 def test_other_paths_pass_through_and_failures_are_the_upstreams(shared_data: Path, stack_of: Any) -> None:
     path, index, _ = REASONING
-    transcript = _transcript(shared_data, path, index)
+    transcript = session_of(shared_data, path, index)
     stack = stack_of([transcript])
     with httpx.Client(timeout=60.0) as client:
         models = client.get(stack.url + "/v1/models")
