@@ -28,7 +28,6 @@ Nothing here changes until ``record``: a request the engine refuses leaves the t
 from __future__ import annotations
 
 import hashlib
-import heapq
 import itertools
 import threading
 from array import array
@@ -131,13 +130,16 @@ class Sessions:
         return None
 
     def _rolled_back(self, prompt: Sequence[int], blocks: list[bytes]) -> str | None:
+        ids = list(prompt)
         for j in range(len(blocks), 0, -1):
             names = self._by_block.get(blocks[j - 1])
             if not names:
                 continue
-            for name in heapq.nlargest(ROLLBACK_CANDIDATES, names, key=lambda n: self._known[n].used):
+            # a session's blocks are indexed anew each time a turn of it is recorded: the last
+            # names of a block are its most recently recorded sessions
+            for name in itertools.islice(reversed(names), ROLLBACK_CANDIDATES):
                 k = self._known[name]
-                n = first_difference(k.ids, list(prompt))
+                n = first_difference(k.ids, ids)
                 if n >= max(self.grid, k.first_prompt):
                     return name
             return None
