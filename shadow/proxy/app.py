@@ -144,6 +144,9 @@ class ProxyApp:
             closing = self._closing(receive)
             while (await closing())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
+            close = getattr(self.host, "close", None)  # a ShadowClient's connections
+            if close is not None:
+                close()
             await send({"type": "lifespan.shutdown.complete"})
             return
         if scope["type"] != "http":
@@ -160,18 +163,17 @@ class ProxyApp:
         if path == STATUS_PATH and scope["method"] == "GET":
             await self._status(send)
             return
+        if scope["method"] == "DELETE" and path.startswith(SESSIONS_PATH):
+            # before the answer: a client that reads it finds the session gone from the table too
+            self.sessions.forget(unquote(path[len(SESSIONS_PATH):]))
         if path.startswith(SHADOW_PATHS) and self.shadow_app is not None:
             await self.shadow_app(scope, receive, send)
-            if scope["method"] == "DELETE" and path.startswith(SESSIONS_PATH):
-                self.sessions.forget(unquote(path[len(SESSIONS_PATH):]))
             return
         body = await self._body(scope, receive, send)
         if body is None:
             return
         if path.startswith(SHADOW_PATHS):  # --shadow URL: that service's own routes
             await self._forward(scope, body, receive, send, None, self.shadow_url or "", keep_token=True)
-            if scope["method"] == "DELETE" and path.startswith(SESSIONS_PATH):
-                self.sessions.forget(unquote(path[len(SESSIONS_PATH):]))
             return
         turn = None
         if scope["method"] == "POST" and path == CHAT_PATH:

@@ -14,9 +14,12 @@ import pytest
 
 from shadow.adapters.replay import compare
 from shadow.adapters.transcripts import render_turns
-from tests.conftest import GRID, wait_until
+from shadow.api.app import create_app
+from shadow.api.server import BackgroundServer
+from shadow.proxy import create_proxy_app
+from tests.conftest import GRID, make_container, make_settings, wait_until
 from tests.proxy.conftest import REASONING, TOOLS, chat_body, headers_of, session_of, stream_chat
-from tests.proxy.upstream import MODELS, sse_chunks, whole_body
+from tests.proxy.upstream import MODELS, ScriptedUpstream, key, sse_chunks, whole_body
 
 
 def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_data: Path, stack_of: Any) -> None:
@@ -119,3 +122,43 @@ def test_other_paths_pass_through_and_failures_are_the_upstreams(shared_data: Pa
     with httpx.Client(timeout=60.0) as client:
         gone = client.get(stack.url + "/v1/models")
     assert gone.status_code == 502 and "failed" in gone.json()["error"]["message"]
+
+
+def test_the_proxy_fronts_a_shadow_in_another_process_through_the_host_protocol(
+        shared_data: Path, checkpoint: Path, tmp_path: Path) -> None:
+    """``--shadow URL``: the proxy tells a ``shadow serve`` over HTTP (``ShadowClient``), with the
+    proxy's token; the shadow's own routes through the proxy reach that service."""
+    path, index, _ = REASONING
+    transcript = session_of(shared_data, path, index)
+    turns = render_turns(transcript, indices=range(2))
+    settings = make_settings(checkpoint, tmp_path, idle_poll_s=0.05, idle_window_s=2.0, token="s3cret")
+    container = make_container(settings)
+    servers = [BackgroundServer(create_app(container)),
+               BackgroundServer(ScriptedUpstream({key(r.messages): r.response for r in transcript.requests}),
+                                lifespan="off")]
+    for s in servers:
+        s.start()
+    proxy = create_proxy_app(servers[1].url, make_container(settings), timeout_s=60.0, engine="transformers",
+                             shadow_url=servers[0].url)
+    servers.append(BackgroundServer(proxy, server_header=False, date_header=False))
+    servers[2].start()
+    service = container.service()
+    try:
+        wait_until(lambda: service.slot.state == "loaded", "the model to load")
+        hdr = {"X-Session-Id": "remote", "X-Shadow-Token": "s3cret"}
+        with httpx.Client(timeout=120.0) as client:
+            for i, turn in enumerate(turns):
+                req = transcript.requests[i]
+                status, got = stream_chat(client, servers[2].url, chat_body(req), hdr)
+                assert status == 200 and got == b"".join(sse_chunks(req.response))
+                wait_until(lambda: service.activity.counts()[:2] == (0, 0), "the turn to finish", 60.0)
+                assert list(service._live.session_ids("remote")) == turn.prompt_ids + turn.output_ids
+            remote = client.get(servers[2].url + "/v1/conductor/shadow/status", headers=hdr)
+            assert remote.status_code == 200 and remote.json()["host"]["finished_turns"] == 2
+            assert client.get(servers[2].url + "/v1/conductor/shadow/status").status_code == 401
+            gone = client.delete(servers[2].url + "/v1/conductor/shadow/sessions/remote", headers=hdr)
+            assert gone.status_code == 204 and proxy.sessions.names() == []
+    finally:
+        for s in reversed(servers):
+            s.stop()
+    assert proxy.counts.as_dict()["turns"] == 2
