@@ -118,7 +118,7 @@ class ProxyApp:
             for k in [k for k, (_, t) in self._recent.items() if now - t > self.settings.proxy_retry_s]:
                 del self._recent[k]
             got = self._recent.get(fingerprint)
-        return got[0] if got is not None and got[0] in self.sessions.names() else None
+        return got[0] if got is not None and self.sessions.knows(got[0]) else None
 
     def remember_turn(self, fingerprint: bytes, session: str | None) -> None:
         if session is not None:
@@ -177,7 +177,7 @@ class ProxyApp:
             return
         turn = None
         if scope["method"] == "POST" and path == CHAT_PATH:
-            turn, body = await self._turn(body, header)
+            turn, body = await self._turn(body, header, scope)
         async with anyio.create_task_group() as tg:
             if turn is not None:
                 tg.start_soon(turn.prepare)  # the render runs while the request travels to the engine
@@ -205,7 +205,7 @@ class ProxyApp:
             if not message.get("more_body"):
                 return bytes(body)
 
-    async def _turn(self, body: bytes, header: str | None) -> tuple[Turn | None, bytes]:
+    async def _turn(self, body: bytes, header: str | None, scope: Scope) -> tuple[Turn | None, bytes]:
         """The turn to follow (and the body to forward: with the engine's id fields where it gives ids)."""
         try:
             parsed = json.loads(body)
@@ -215,7 +215,7 @@ class ProxyApp:
         if not isinstance(parsed, dict) or not isinstance(parsed.get("messages"), list) or not parsed["messages"]:
             self.counts.not_followed("no_messages")
             return None, body
-        engine = await self._engine()
+        engine = await self._engine(scope)
         stream = parsed.get("stream") is True
         added = engine.ask(parsed, stream)
         fields = engine.stream_fields if stream else engine.whole_fields
@@ -225,13 +225,16 @@ class ProxyApp:
         turn.strip = engine.strip if added else None
         return turn, (json.dumps(parsed, ensure_ascii=False).encode() if added else body)
 
-    async def _engine(self) -> Engine:
-        if self.engine is None:  # auto: the engine's /v1/models says which it is
+    async def _engine(self, scope: Scope) -> Engine:
+        if self.engine is None:  # auto: the engine's /v1/models says which it is (with the client's key)
+            auth = [(k, v) for k, v in scope["headers"] if k.lower() == b"authorization"]
             try:
-                r = await self.client().get(self.upstream + "/v1/models")
-                self.engine = from_models(r.content)
+                r = await self.client().get(self.upstream + "/v1/models", headers=auth)
             except httpx.HTTPError:
                 return BY_NAME["transformers"]  # asked again next time
+            if r.status_code != 200:
+                return BY_NAME["transformers"]
+            self.engine = from_models(r.content)
         return self.engine
 
     def _request(self, scope: Scope, body: bytes, base: str, keep_token: bool) -> httpx.Request:

@@ -209,6 +209,10 @@ class Sessions:
         with self._mu:
             return list(self._known[name].ids)
 
+    def knows(self, name: str) -> bool:
+        with self._mu:
+            return name in self._known
+
     def names(self) -> list[str]:
         with self._mu:
             return list(self._known)

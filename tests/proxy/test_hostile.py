@@ -162,6 +162,7 @@ def test_a_refused_or_unanswered_request_leaves_every_session_untouched(shared_d
         for headers in ({"X-Session-Id": "victim"}, {}):
             assert client.post(stack.url + "/v1/chat/completions", json=chat_body(second),
                                headers=headers).status_code == 502
+        status = client.get(stack.url + "/v1/conductor/proxy/status").json()
     stack.idle()
     assert list(stack.service._live.session_ids("victim")) == before
     with stack.service.hold():
@@ -171,6 +172,9 @@ def test_a_refused_or_unanswered_request_leaves_every_session_untouched(shared_d
     counts = stack.proxy.counts.as_dict()
     assert (counts["turns"], counts["refused"], counts["unreachable"]) == (1, 2, 2)
     assert stack.service.status()["host"]["finished_turns"] == 1
+    # the proxy's status route shows the same counters and the table's bound
+    assert status["counts"] == counts and status["engine"] == "transformers"
+    assert status["sessions"] == {"known": 1, "limit": 1024, "evicted": 0}
 
 
 def test_a_502_the_sdk_retries_twice_counts_one_turn(shared_data: Path, stack_of: Any) -> None:
