@@ -38,7 +38,8 @@ def main() -> None:
     for _ in range(args.sessions):
         rest = [rng.randrange(1000, 200_000) for _ in range(args.length - args.shared - 400 - len(gen))]
         prompt = shared + rest + gen
-        name = table.record(table.find(prompt, None), prompt)
+        found = table.find(prompt, None)
+        name = table.record(found.name or table.new_name(), found, prompt)
         output = [rng.randrange(1000, 200_000) for _ in range(400)]
         table.extend(name, output)
         known.append((name, prompt + output))

@@ -147,14 +147,17 @@ class Sessions:
 
     # ---- recording (the engine accepted the request) -------------------------------------------
 
-    def record(self, found: Found, prompt: Sequence[int]) -> str:
-        """The turn started: its session now holds ``prompt``; returns the session's name."""
+    def new_name(self) -> str:
+        """A name no known session has (``proxy-N``)."""
         with self._mu:
-            name = found.name
-            if name is None:
+            name = f"proxy-{next(self._n)}"
+            while name in self._known:
                 name = f"proxy-{next(self._n)}"
-                while name in self._known:
-                    name = f"proxy-{next(self._n)}"
+            return name
+
+    def record(self, name: str, found: Found, prompt: Sequence[int]) -> str:
+        """The turn started: session ``name`` now holds ``prompt`` (``found``: its blocks)."""
+        with self._mu:
             old = self._known.pop(name, None)
             if old is not None:
                 self._unindex(name, old)

@@ -179,11 +179,11 @@ class Turn:
         if recent is not None and self.header is None:
             found = Found(recent, "retried", found.blocks)
         self.retry = recent is not None
-        self.session = await anyio.to_thread.run_sync(sessions.record, found, prompt)
-        self.how = found.how
+        self.session, self.how = found.name or sessions.new_name(), found.how
         got = await self._call(lambda: self.host.started(self.request_id, self.session or "", ids=prompt))
         if got is None:
-            return
+            return  # the shadow refused the prompt: the table stays as it was too
+        await anyio.to_thread.run_sync(sessions.record, self.session, found, prompt)
         self.started = True
         self.proxy.remember_turn(self.fingerprint, self.session)
         counts = self.proxy.counts

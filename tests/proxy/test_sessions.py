@@ -19,7 +19,7 @@ def _ids(n: int, seed: int) -> list[int]:
 
 def _turn(table: Sessions, prompt: list[int], output: list[int], header: str | None = None) -> str:
     found = table.find(prompt, header)
-    name = table.record(found, prompt)
+    name = table.record(found.name or table.new_name(), found, prompt)
     table.extend(name, output)
     return name
 
