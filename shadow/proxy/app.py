@@ -97,6 +97,7 @@ class ProxyApp:
         self.counts = ProxyCounts()
         self.telemetry: Telemetry = telemetry or NullTelemetry()
         self._recent: dict[bytes, tuple[str, float]] = {}
+        self.open_turns: dict[str, anyio.Event] = {}  # session -> its turn through here not finished yet
         self._mu = threading.Lock()
         self._client: httpx.AsyncClient | None = None
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .app import ProxyApp
 
 log = logging.getLogger("shadow.proxy")
+ORDER_WAIT_S = 30.0
 
 
 class Unparseable(ValueError):
@@ -119,6 +120,7 @@ class Turn:
         self.used_engine_ids = False
         self.mismatch: dict[str, Any] | None = None
         self.strip: Callable[[Any], Any] | None = None  # removes what the proxy asked the engine for
+        self.done = anyio.Event()  # set once finished: the session's next turn waits for it
 
     # ---- before the engine answers ---------------------------------------------------------------
 
@@ -180,6 +182,7 @@ class Turn:
             found = Found(recent, "retried", found.blocks)
         self.retry = recent is not None
         self.session, self.how = found.name or sessions.new_name(), found.how
+        await self._after_previous(self.session)
         got = await self._call(lambda: self.host.started(self.request_id, self.session or "", ids=prompt))
         if got is None:
             return  # the shadow refused the prompt: the table stays as it was too
@@ -191,6 +194,17 @@ class Turn:
         if engine:
             counts.add("engine_ids")
         counts.add("sessions_new" if found.how == "new" else "sessions_joined")
+
+    async def _after_previous(self, session: str) -> None:
+        """The session's previous turn through this proxy finishes first (its client may send the next
+        request as soon as it has the last byte, before the proxy told the shadow the turn ended):
+        so the shadow sees a session's turns in order. Bounded, so that a stuck turn holds up nothing."""
+        turns = self.proxy.open_turns
+        previous = turns.get(session)
+        turns[session] = self.done
+        if previous is not None:
+            with anyio.move_on_after(ORDER_WAIT_S):
+                await previous.wait()
 
     def _mismatch(self, engine_len: int, first: int | None) -> None:
         self.mismatch = {"request_id": self.request_id, "rendered": len(self.render or []), "engine": engine_len,
@@ -248,6 +262,9 @@ class Turn:
             if self.mismatch is not None:
                 self.proxy.counts.mismatch({**self.mismatch, "session": self.session})
             self._span()
+            self.done.set()
+            if self.session is not None and self.proxy.open_turns.get(self.session) is self.done:
+                del self.proxy.open_turns[self.session]
 
     def _span(self) -> None:
         attrs: dict[str, Any] = {
