@@ -98,6 +98,7 @@ class ProxyApp:
         self.telemetry: Telemetry = telemetry or NullTelemetry()
         self._recent: dict[bytes, tuple[str, float]] = {}
         self.open_turns: dict[str, anyio.Event] = {}  # session -> its turn through here not finished yet
+        self.in_flight = 0  # chat completions being followed (a client may have all its bytes already)
         self._mu = threading.Lock()
         self._client: httpx.AsyncClient | None = None
 
@@ -179,10 +180,14 @@ class ProxyApp:
         turn = None
         if scope["method"] == "POST" and path == CHAT_PATH:
             turn, body = await self._turn(body, header, scope)
-        async with anyio.create_task_group() as tg:
-            if turn is not None:
-                tg.start_soon(turn.prepare)  # the render runs while the request travels to the engine
-            await self._forward(scope, body, receive, send, turn, self.upstream)
+        self.in_flight += turn is not None
+        try:
+            async with anyio.create_task_group() as tg:
+                if turn is not None:
+                    tg.start_soon(turn.prepare)  # the render runs while the request travels to the engine
+                await self._forward(scope, body, receive, send, turn, self.upstream)
+        finally:
+            self.in_flight -= turn is not None
 
     async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None when it is over the limit (refused: 413) or the client left."""
@@ -278,6 +283,7 @@ class ProxyApp:
         with self._mu:
             recent = len(self._recent)
         out = {"upstream": self.upstream, "engine": self.engine_name, "engine_setting": self.engine_setting,
+               "in_flight": self.in_flight,
                "shadow": self.shadow_url or "in process", "sessions": self.sessions.status(),
                "retry_s": self.settings.proxy_retry_s, "recent_bodies": recent,
                "max_body_kb": self.settings.proxy_max_body_kb, "counts": self.counts.as_dict()}

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import anyio
 import httpx
+from anyio.streams.memory import MemoryObjectSendStream
 
 from .turn import Turn, Unparseable
 
@@ -72,7 +74,30 @@ def _parsed(turn: Turn | None, read: Any) -> Any:
 
 
 async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Turn | None) -> bool:
-    """Pass the response on; True when the upstream finished it and the client got all of it."""
+    """Pass the response on; True when the upstream finished it and the client got all of it.
+
+    The turn follows in a task of its own, from a queue of what was parsed: the bytes never wait for
+    the shadow (the render, its barrier, its ration's reads); the relay returns once the turn has
+    caught up (then ``Turn.finish``)."""
+    queue_in, queue_out = anyio.create_memory_object_stream[tuple[Any, str]](max_buffer_size=math.inf)
+
+    async def follow() -> None:
+        assert turn is not None
+        await turn.accepted()
+        async with queue_out:
+            async for obj, key in queue_out:
+                await _follow(turn, obj, key)
+
+    async with anyio.create_task_group() as tg:
+        if turn is not None:
+            tg.start_soon(follow)
+        with queue_in:
+            complete = await _pass(response, receive, send, turn, queue_in)
+    return complete
+
+
+async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Turn | None,
+                queue: MemoryObjectSendStream[tuple[Any, str]]) -> bool:
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
     streaming = response.headers.get("content-type", "").startswith("text/event-stream")
     encoded = bool(response.headers.get("content-encoding"))
@@ -82,10 +107,8 @@ async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Tu
         headers = [(k, v) for k, v in headers if k.lower() != b"content-length"]
     if not hold_whole:
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    if turn is not None:
-        if streaming and encoded:
-            turn.stop("undecodable_body")
-        await turn.accepted()
+    if turn is not None and streaming and encoded:
+        turn.stop("undecodable_body")
     buffer, whole = bytearray(), bytearray()
     gone = anyio.Event()
 
@@ -131,7 +154,8 @@ async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Tu
                     if strip is not None:
                         await body(event + b"\n\n" if not isinstance(obj, dict) else
                                    b"data: " + _dumps(strip(obj)) + b"\n\n")
-                    await _follow(turn, obj, "delta")
+                    if turn is not None and obj is not None:
+                        queue.send_nowait((obj, "delta"))
             done = True
         except httpx.HTTPError as err:
             log.warning("the upstream broke mid-response: %s: %s", type(err).__name__, err)
@@ -153,7 +177,8 @@ async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Tu
                     "headers": [*headers, (b"content-length", str(len(out)).encode())]})
         await body(out)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-    await _follow(turn, obj, "message")
+    if turn is not None and obj is not None:
+        queue.send_nowait((obj, "message"))
     return True
 
 

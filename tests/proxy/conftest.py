@@ -47,7 +47,9 @@ class Stack:
         return self.proxy.host
 
     def idle(self) -> None:
-        wait_until(lambda: self.service.activity.counts()[:2] == (0, 0), "the proxy's turns to finish", 60.0)
+        """The proxy has told the shadow every turn's end (its client may have had all bytes before)."""
+        wait_until(lambda: self.proxy.in_flight == 0 and self.service.activity.counts()[:2] == (0, 0),
+                   "the proxy's turns to finish", 60.0)
 
 
 @pytest.fixture

@@ -151,7 +151,8 @@ def test_the_proxy_fronts_a_shadow_in_another_process_through_the_host_protocol(
                 req = transcript.requests[i]
                 status, got = stream_chat(client, servers[2].url, chat_body(req), hdr)
                 assert status == 200 and got == b"".join(sse_chunks(req.response))
-                wait_until(lambda: service.activity.counts()[:2] == (0, 0), "the turn to finish", 60.0)
+                wait_until(lambda: proxy.in_flight == 0 and service.activity.counts()[:2] == (0, 0),
+                           "the turn to finish", 60.0)
                 assert list(service._live.session_ids("remote")) == turn.prompt_ids + turn.output_ids
             remote = client.get(servers[2].url + "/v1/conductor/shadow/status", headers=hdr)
             assert remote.status_code == 200 and remote.json()["host"]["finished_turns"] == 2
