@@ -2,8 +2,8 @@
 the engine and through the proxy, on a real turn of about 2k ids (a mini-swe-agent session's fourth
 request, streamed, ``max_tokens`` 16) against ``transformers serve`` serving the tiny checkpoint on
 the CPU (``tests/proxy/engine.py``), the proxy following with the tiny shadow in process. Requests
-alternate direct / proxied, each run uses a fresh X-Session-Id-less conversation of the same prompt
-(the proxy finds it by prefix, as a client without the header).
+alternate direct / proxied, the same body each time and no X-Session-Id (the proxy finds the
+session by its prompt, as for a client without the header).
 
     python -m benchmarks.proxy_overhead [--requests 30] [--out DIR]   # needs ../shared/data
 """

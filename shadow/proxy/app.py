@@ -182,10 +182,7 @@ class ProxyApp:
             turn, body = await self._turn(body, header, scope)
         self.in_flight += turn is not None
         try:
-            async with anyio.create_task_group() as tg:
-                if turn is not None:
-                    tg.start_soon(turn.prepare)  # the render runs while the request travels to the engine
-                await self._forward(scope, body, receive, send, turn, self.upstream)
+            await self._forward(scope, body, receive, send, turn, self.upstream)
         finally:
             self.in_flight -= turn is not None
 

@@ -53,8 +53,18 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+class Stop:
+    """In the turn's queue: following ends here, for ``reason`` (in order with the events before it)."""
+
+    def __init__(self, reason: str, err: BaseException | None = None) -> None:
+        self.reason, self.err = reason, err
+
+
 async def _follow(turn: Turn | None, obj: Any, key: str) -> None:
     if turn is None or turn.stopped or obj is None:
+        return
+    if isinstance(obj, Stop):
+        turn.stop(obj.reason, obj.err)
         return
     try:
         await turn.event(obj, key)
@@ -64,25 +74,28 @@ async def _follow(turn: Turn | None, obj: Any, key: str) -> None:
         turn.stop("shadow_error", err)
 
 
-def _parsed(turn: Turn | None, read: Any) -> Any:
+def _parsed(read: Any) -> Any:
+    """What ``read`` returns, or a ``Stop`` saying why it could not."""
     try:
         return read()
     except Unparseable as err:
-        if turn is not None:
-            turn.stop("unparseable_event", err)
-    return None
+        return Stop("unparseable_event", err)
 
 
 async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Turn | None) -> bool:
     """Pass the response on; True when the upstream finished it and the client got all of it.
 
     The turn follows in a task of its own, from a queue of what was parsed: the bytes never wait for
-    the shadow (the render, its barrier, its ration's reads); the relay returns once the turn has
-    caught up (then ``Turn.finish``)."""
+    the shadow (its barrier, its ration's reads), and the render (CPU work that would compete with
+    the relay for the interpreter) starts once the first bytes went out. The relay returns once the
+    turn has caught up (then ``Turn.finish``)."""
     queue_in, queue_out = anyio.create_memory_object_stream[tuple[Any, str]](max_buffer_size=math.inf)
+    first = anyio.Event()  # the first bytes went to the client: the render may start
 
     async def follow() -> None:
         assert turn is not None
+        await first.wait()
+        await turn.prepare()
         await turn.accepted()
         async with queue_out:
             async for obj, key in queue_out:
@@ -92,12 +105,15 @@ async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Tu
         if turn is not None:
             tg.start_soon(follow)
         with queue_in:
-            complete = await _pass(response, receive, send, turn, queue_in)
+            try:
+                complete = await _pass(response, receive, send, turn, queue_in, first)
+            finally:
+                first.set()
     return complete
 
 
 async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Turn | None,
-                queue: MemoryObjectSendStream[tuple[Any, str]]) -> bool:
+                queue: MemoryObjectSendStream[tuple[Any, str]], first: anyio.Event) -> bool:
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
     streaming = response.headers.get("content-type", "").startswith("text/event-stream")
     encoded = bool(response.headers.get("content-encoding"))
@@ -108,7 +124,7 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
     if not hold_whole:
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     if turn is not None and streaming and encoded:
-        turn.stop("undecodable_body")
+        queue.send_nowait((Stop("undecodable_body"), "stop"))
     buffer, whole = bytearray(), bytearray()
     gone = anyio.Event()
 
@@ -120,6 +136,7 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
 
     async def body(chunk: bytes) -> None:
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        first.set()
 
     done = False
     async with anyio.create_task_group() as tg:
@@ -133,7 +150,7 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
                     if reading or hold_whole:
                         whole.extend(raw)
                     if len(whole) > READ_CAP and not hold_whole and turn is not None:
-                        turn.stop("undecodable_body")
+                        queue.send_nowait((Stop("undecodable_body"), "stop"))
                         whole.clear()
                     continue
                 if strip is None:
@@ -143,14 +160,14 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
                 buffer.extend(raw)
                 if len(buffer) > READ_CAP:
                     if turn is not None:
-                        turn.stop("undecodable_body")
+                        queue.send_nowait((Stop("undecodable_body"), "stop"))
                     if strip is not None:
                         await body(bytes(buffer))
                     buffer.clear()
                     strip = None
                     continue
                 for event in take_events(buffer):
-                    obj = _parsed(turn, lambda e=event: parse_event(e))
+                    obj = _parsed(lambda e=event: parse_event(e))
                     if strip is not None:
                         await body(event + b"\n\n" if not isinstance(obj, dict) else
                                    b"data: " + _dumps(strip(obj)) + b"\n\n")
@@ -169,7 +186,7 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
         await body(bytes(buffer))
     obj = None
     if whole and (hold_whole or (turn is not None and not turn.stopped)):
-        obj = _parsed(turn, lambda: _whole(bytes(whole), response))
+        obj = _parsed(lambda: _whole(bytes(whole), response))
     if hold_whole:
         out = _dumps(strip(obj)) if isinstance(obj, dict) and strip is not None else bytes(whole)
         headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"transfer-encoding")]

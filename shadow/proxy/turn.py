@@ -125,7 +125,7 @@ class Turn:
     # ---- before the engine answers ---------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """The render, in a thread, while the request travels to the engine."""
+        """The render, in a thread, once the engine's first bytes went to the client."""
         try:
             messages, tools = self.body["messages"], self.body.get("tools")
             self.render = await anyio.to_thread.run_sync(
