@@ -199,9 +199,11 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     if started is None:
         return 2
     settings, container = started
-    app = create_proxy_app(args.upstream, container, timeout_s=args.timeout)
+    app = create_proxy_app(args.upstream, container, timeout_s=args.timeout, engine=args.engine,
+                           shadow_url=args.shadow)
     # no Server or Date header of the proxy's own: the client gets the upstream's headers as they were
-    serve(app, settings.host, settings.port, log_level=args.log_level, on_exit=container.service().closing,
+    serve(app, settings.host, settings.port, log_level=args.log_level,
+          on_exit=container.service().closing if args.shadow is None else None,
           server_header=False, date_header=False)
     return 0
 
@@ -327,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
     p.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream (default 600)")
+    p.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang", "llamacpp", "transformers"],
+                   help="how to ask the engine for its token ids (default auto: from its /v1/models)")
+    p.add_argument("--shadow", default=None, metavar="URL",
+                   help="follow with the shadow service at URL (`shadow serve`) instead of one in this process")
     p.add_argument("--log-level", default="info")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")
     v.add_argument("paths", nargs="*",

@@ -2,7 +2,9 @@
 
 - A ``Host`` header not among the names the service answers to (400): a web page whose name was
   re-pointed at 127.0.0.1 (DNS rebinding) sends its own name and is turned away.
-- No ``Authorization: Bearer <QWEN38_SHADOW_TOKEN>`` when a token is set (401).
+- No ``Authorization: Bearer <QWEN38_SHADOW_TOKEN>`` or ``X-Shadow-Token: <QWEN38_SHADOW_TOKEN>`` when a
+  token is set (401). Behind ``shadow proxy`` only ``X-Shadow-Token`` counts (``bearer=False``): there
+  ``Authorization`` is the engine's, passed on untouched.
 - An ``Origin`` header not in ``QWEN38_SHADOW_ALLOWED_ORIGINS`` (403): browsers send one with every
   cross-site POST, hosts (httpx, the engine) send none, so a page the user opens cannot feed, hold
   or overwrite sessions.
@@ -24,6 +26,7 @@ from shadow.core.settings import ShadowSettings
 from .responses import Problem
 
 BODY_METHODS = {b"POST", b"PUT", b"PATCH"}
+TOKEN_HEADER = b"x-shadow-token"
 
 
 def _host_name(value: str) -> str:
@@ -37,8 +40,9 @@ def _host_name(value: str) -> str:
 class Guard:
     """ASGI middleware in front of the Litestar app (lifespan and websockets pass through)."""
 
-    def __init__(self, app: Any, settings: ShadowSettings) -> None:
+    def __init__(self, app: Any, settings: ShadowSettings, bearer: bool = True) -> None:
         self.app = app
+        self.bearer = bearer
         self.hosts = settings.hosts
         self.origins = settings.origins
         self.token = settings.token.encode()
@@ -51,12 +55,8 @@ class Guard:
         if "*" not in self.hosts and host not in self.hosts:
             return 400, (f"Host {host!r} is not one this service answers to ({', '.join(sorted(self.hosts))}; "
                          "QWEN38_SHADOW_ALLOWED_HOSTS adds names)")
-        if self.token:
-            given = headers.get(b"authorization", b"")
-            scheme, _, value = given.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), self.token):
-                why = "no bearer token" if not given else "a wrong bearer token"
-                return 401, f"{why}: this service needs Authorization: Bearer <QWEN38_SHADOW_TOKEN>"
+        if self.token and (refused := self._token(headers)) is not None:
+            return 401, refused
         origin = headers.get(b"origin")
         if origin is not None:
             o = origin.decode("latin-1").strip().rstrip("/").lower()
@@ -70,14 +70,33 @@ class Guard:
                 return 415, f"the body must be application/json (Content-Type: {shown})"
         return None
 
+    def _token(self, headers: dict[bytes, bytes]) -> str | None:
+        """Why the request's token is refused, or None."""
+        own = headers.get(TOKEN_HEADER)
+        if own is not None:
+            return None if hmac.compare_digest(own.strip(), self.token) else "a wrong X-Shadow-Token"
+        if not self.bearer:
+            return "no X-Shadow-Token: this proxy needs X-Shadow-Token: <QWEN38_SHADOW_TOKEN>"
+        given = headers.get(b"authorization", b"")
+        scheme, _, value = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), self.token):
+            why = "no bearer token" if not given else "a wrong bearer token"
+            return (f"{why}: this service needs Authorization: Bearer <QWEN38_SHADOW_TOKEN> "
+                    "(or X-Shadow-Token: <QWEN38_SHADOW_TOKEN>)")
+        return None
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or (refused := self.refusal(scope)) is None:
             await self.app(scope, receive, send)
             return
-        status, detail = refused
-        body = msgspec.json.encode(Problem(status_code=status, detail=detail))
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if status == 401:
-            headers.append((b"www-authenticate", b"Bearer"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await problem(send, *refused)
+
+
+async def problem(send: Any, status: int, detail: str) -> None:
+    """The refusal as a ``Problem``, like every other error."""
+    body = msgspec.json.encode(Problem(status_code=status, detail=detail))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -80,6 +80,14 @@ class ShadowSettings(BaseSettings):
     max_arrived: int = Field(1024, description="requests announced (arrived) and not finished at once; one "
                                                "more is refused (429)")
 
+    # ---- `shadow proxy` ------------------------------------------------------------------------
+    proxy_max_body_kb: int = Field(32768, description="largest request body the proxy accepts and forwards, "
+                                                      "KiB; a larger one is refused (413)")
+    proxy_max_sessions: int = Field(1024, description="sessions the proxy's table remembers to find a "
+                                                      "conversation by its prompt; least recently used first out")
+    proxy_retry_s: float = Field(10.0, description="a client's retry of the same body within this many seconds "
+                                                   "continues the same turn (counted as a retry)")
+
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
     idle_window_s: float = Field(2.0, description="longest idle read")
@@ -237,7 +245,7 @@ class ShadowSettings(BaseSettings):
             raise ValueError("must be at least 1")
         return v
 
-    @field_validator("max_sessions", "max_arrived")
+    @field_validator("max_sessions", "max_arrived", "proxy_max_body_kb", "proxy_max_sessions")
     @classmethod
     def _at_least_one(cls, v: int) -> int:
         if v < 1:

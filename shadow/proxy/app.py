@@ -1,166 +1,133 @@
-"""``shadow proxy``: an OpenAI-compatible front that forwards every request to an upstream engine
-(vLLM, SGLang, llama.cpp, ...) unchanged and follows its chat completions with the shadow.
+"""``shadow proxy``: an OpenAI-compatible front that forwards every request to an engine (vLLM,
+SGLang, llama.cpp, ``transformers serve``, ...) and follows its chat completions with the shadow.
 
-Every request goes to ``--upstream`` as it came (method, path, query, headers but ``Host`` and the
-hop-by-hop ones, body), and the upstream's status, headers and bytes come back as they were sent,
-streamed as they arrive (``aiter_raw``: not even a ``Content-Encoding`` is undone). Paths under
-``/v1/conductor/shadow`` and ``/schema`` are the shadow's own app (ask, status, feeding, host).
+Every route first passes the API's checks (``shadow.api.guard``): the ``Host``, a browser
+``Origin``, ``application/json`` bodies, and with ``QWEN38_SHADOW_TOKEN`` set the proxy's own
+``X-Shadow-Token`` header (never forwarded; the engine's ``Authorization`` passes untouched). A body
+over ``QWEN38_SHADOW_PROXY_MAX_BODY_KB`` is refused (413), an ``X-Session-Id`` that is not a session
+name (400). Then the request goes to ``--upstream`` as it came (less ``Host``, the hop-by-hop
+headers and the token) and the engine's status, headers and bytes come back as they were sent,
+streamed as they arrive.
 
-A ``POST /v1/chat/completions`` (streaming or not) is also a turn of the host interface, on the
-in-process ``ShadowService``: ``arrived`` when it comes in, ``started`` with the request's
-messages and tools rendered by the Qwen3.5 chat template (``chat_template_kwargs.enable_thinking``
-honoured), ``first_token`` at the first streamed delta, ``round_ended`` after each delta with the
-output ids that delta settled (``shadow.proxy.output``), ``finished`` with the rest once the
-upstream is done. The session is the ``X-Session-Id`` header's, else the one chosen by prefix
-(``shadow.proxy.sessions`` states the rule). ``GET /v1/models`` is passed through.
+Paths under ``/v1/conductor/shadow`` and ``/schema`` are the shadow's own routes: the in-process
+service's app, or with ``--shadow URL`` passed on to that service. ``GET /v1/conductor/proxy/status``
+is the proxy's own status: its counters (``counts.py``), its table of sessions, its engine.
 
-Failures stay the upstream's: an error status is returned as it came; an upstream that cannot be
-reached or times out gives 502 or 504 (there is no upstream answer to pass on); an upstream that
-breaks mid-stream breaks the client's stream the same way (the connection closes unfinished). A
-client that goes away closes the upstream request. In every case the turn is finished, with the
-output ids settled so far, so the session holds a consistent prefix and the next prompt's
-comparison rolls back whatever it must. A request the shadow cannot follow (no messages, a
-template error, the shadow off) is still forwarded; only the turn is skipped.
+A ``POST /v1/chat/completions`` is also a turn of the host interface (``turn.py``), on the shadow
+through ``shadow.core.host.Host``: the in-process service, or a ``ShadowClient``. It starts only
+when the engine answers 2xx. A body the proxy cannot decode (not JSON, nested too deep) is
+forwarded unfollowed. Failures stay the engine's: an error status is returned as it came; an engine
+that cannot be reached or times out gives 502 or 504; one that breaks mid-stream breaks the client's
+stream the same way. A client that goes away closes the upstream request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
-import uuid
+import threading
+import time
 from typing import Any
+from urllib.parse import unquote
 
 import anyio
-import anyio.to_thread
 import httpx
 
-from shadow.adapters.service import ShadowService
-from shadow.core.errors import ShadowError
-from shadow.core.host import UnknownRequest
+from shadow.api.guard import TOKEN_HEADER, Guard, problem
+from shadow.core.host import Host
+from shadow.core.scheduling import NullTelemetry, Telemetry
 
-from .output import OutputIds
+from .counts import ProxyCounts
+from .engines import BY_NAME, ENGINES, Engine, from_models
+from .relay import relay
 from .sessions import SESSION_HEADER, Sessions
+from .turn import Turn
 
 log = logging.getLogger("shadow.proxy")
 
 SHADOW_PATHS = ("/v1/conductor/shadow", "/schema")
+SESSIONS_PATH = "/v1/conductor/shadow/sessions/"
+STATUS_PATH = "/v1/conductor/proxy/status"
 CHAT_PATH = "/v1/chat/completions"
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
               b"trailer", b"upgrade", b"host", b"content-length", b"transfer-encoding"}
-# the response keeps content-length and transfer-encoding: its bytes are passed on as they were sent
-RESPONSE_DROP = HOP_BY_HOP - {b"content-length", b"transfer-encoding"} - {b"host"}
+NAME_MAX = 256  # as the API's session names (shadow.api.models.Name)
 
 Scope = dict[str, Any]
 Receive = Any
 Send = Any
 
 
-class _Turn:
-    """One chat completion followed as a turn of the host interface."""
-
-    def __init__(self, proxy: ProxyApp, body: dict[str, Any], header: str | None) -> None:
-        self.proxy = proxy
-        self.body = body
-        self.header = header
-        self.request_id = f"proxy-{uuid.uuid4().hex}"
-        kwargs = body.get("chat_template_kwargs") or {}
-        thinking = kwargs.get("enable_thinking") if isinstance(kwargs, dict) else None
-        self.enable_thinking = thinking if isinstance(thinking, bool) else None
-        self.output = OutputIds(self.enable_thinking)
-        self.session: str | None = None
-        self.first = False
-
-    @property
-    def service(self) -> ShadowService:
-        return self.proxy.service
-
-    async def start(self) -> None:
-        messages: list[dict[str, Any]] = self.body["messages"]
-        tools: list[dict[str, Any]] | None = self.body.get("tools")
-        await anyio.to_thread.run_sync(self.service.arrived, self.request_id)
-        try:
-            prompt = await anyio.to_thread.run_sync(
-                lambda: self.service.render(messages, tools, self.enable_thinking))
-            self.session = self.proxy.sessions.pick(prompt, self.header)
-            await anyio.to_thread.run_sync(lambda: self.service.started(self.request_id, self.session or "", prompt))
-        except (ShadowError, TypeError, ValueError) as err:
-            # not followed, still forwarded: the client's request is the upstream's business
-            log.warning("chat completion not followed: %s: %s", type(err).__name__, err)
-            self.proxy.errors.append(f"{type(err).__name__}: {err}")
-            self.session = None
-            with contextlib.suppress(UnknownRequest):  # ``started`` finishes the turn when feeding fails
-                self.service.activity.record_finished(self.request_id)
-
-    def _feed(self, ids: list[int]) -> None:
-        if ids and self.session is not None:
-            self.proxy.sessions.extend(self.session, ids)
-
-    async def delta(self, choice: dict[str, Any], key: str) -> None:
-        if self.session is None:
-            return
-        if not self.first:
-            self.first = True
-            await anyio.to_thread.run_sync(self.service.first_token, self.request_id)
-        self.output.add_choice(choice, key)
-        ids = self.output.round()
-        self._feed(ids)
-        await anyio.to_thread.run_sync(self.service.round_ended, self.request_id, ids)
-
-    async def finish(self, complete: bool) -> None:
-        """The turn ends; with ``complete`` the reply's remaining ids are fed (not after a failure:
-        the template would close a reply the model never finished)."""
-        if self.session is None:
-            return
-        ids = self.output.final() if complete else []
-        self._feed(ids)
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self.service.finished, self.request_id, ids)
-
-
-def _events(buffer: bytearray) -> list[bytes]:
-    """Whole SSE events taken off the front of ``buffer`` (what is left waits for more bytes)."""
-    out = []
-    text = bytes(buffer).replace(b"\r\n", b"\n")
-    *done, rest = text.split(b"\n\n")
-    out.extend(done)
-    buffer[:] = rest
-    return out
-
-
-def _choices(event: bytes) -> list[dict[str, Any]]:
-    data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
-    if not data or data == b"[DONE]":
-        return []
+def session_header(scope: Scope) -> tuple[str | None, str | None]:
+    """The ``X-Session-Id`` (or None) and why it is refused (or None): a session name as the API takes it."""
+    raw = next((v for k, v in scope["headers"] if k.lower() == SESSION_HEADER.encode()), None)
+    if raw is None:
+        return None, None
     try:
-        obj = json.loads(data)
-    except ValueError:
-        return []
-    choices = obj.get("choices") if isinstance(obj, dict) else None
-    return [c for c in choices or [] if isinstance(c, dict) and c.get("index", 0) == 0]
+        name = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "X-Session-Id is not UTF-8"
+    if not name or len(name) > NAME_MAX or name != name.strip():
+        return None, (f"X-Session-Id must be 1 to {NAME_MAX} characters with no leading or trailing blanks "
+                      f"(got {len(name)} characters)")
+    return name, None
 
 
 class ProxyApp:
-    """The ASGI app: the shadow's own routes, the followed chat completions, the rest passed on."""
+    """The ASGI app: checks, the shadow's routes, the followed chat completions, the rest passed on."""
 
-    def __init__(self, shadow_app: Any, container: Any, upstream: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, host: Host, settings: Any, upstream: str, timeout_s: float = 600.0,
+                 engine: str = "auto", shadow_app: Any = None, shadow_url: str | None = None,
+                 telemetry: Telemetry | None = None) -> None:
+        if engine not in ENGINES:
+            raise ValueError(f"--engine {engine!r}: choose from {', '.join(ENGINES)}")
+        self.host = host
+        self.settings = settings
         self.shadow_app = shadow_app
-        self.container = container
+        self.shadow_url = shadow_url.rstrip("/") if shadow_url else None
         self.upstream = upstream.rstrip("/")
+        self.engine_setting = engine
+        self.engine: Engine | None = BY_NAME.get(engine)
         self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
-        self.sessions = Sessions(container.settings().grid)
-        self.errors: list[str] = []
+        self.guard = Guard(None, settings, bearer=False)
+        self.max_body = settings.proxy_max_body_kb * 1024
+        self.sessions = Sessions(settings.grid, settings.proxy_max_sessions)
+        self.counts = ProxyCounts()
+        self.telemetry: Telemetry = telemetry or NullTelemetry()
+        self._recent: dict[bytes, tuple[str, float]] = {}
+        self.open_turns: dict[str, anyio.Event] = {}  # session -> its turn through here not finished yet
+        self.in_flight = 0  # chat completions being followed (a client may have all its bytes already)
+        self._mu = threading.Lock()
         self._client: httpx.AsyncClient | None = None
 
     @property
-    def service(self) -> ShadowService:
-        service: ShadowService = self.container.service()
-        return service
+    def engine_name(self) -> str:
+        return self.engine.name if self.engine is not None else "auto (not asked yet)"
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)
         return self._client
+
+    # ---- retries --------------------------------------------------------------------------------
+
+    def recent_turn(self, fingerprint: bytes) -> str | None:
+        """The session of a turn with the same body that started within ``proxy_retry_s``."""
+        now = time.monotonic()
+        with self._mu:
+            for k in [k for k, (_, t) in self._recent.items() if now - t > self.settings.proxy_retry_s]:
+                del self._recent[k]
+            got = self._recent.get(fingerprint)
+        return got[0] if got is not None and self.sessions.knows(got[0]) else None
+
+    def remember_turn(self, fingerprint: bytes, session: str | None) -> None:
+        if session is not None:
+            with self._mu:
+                self._recent[fingerprint] = (session, time.monotonic())
+
+    # ---- ASGI -------------------------------------------------------------------------------------
 
     def _closing(self, receive: Receive) -> Receive:
         async def wrapped() -> dict[str, Any]:
@@ -173,57 +140,135 @@ class ProxyApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self.shadow_app(scope, self._closing(receive), send)  # it starts and stops the service
+            if self.shadow_app is not None:  # it starts and stops the service
+                await self.shadow_app(scope, self._closing(receive), send)
+                return
+            closing = self._closing(receive)
+            while (await closing())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            close = getattr(self.host, "close", None)  # a ShadowClient's connections
+            if close is not None:
+                close()
+            await send({"type": "lifespan.shutdown.complete"})
             return
-        if scope["type"] != "http" or scope["path"].startswith(SHADOW_PATHS):
+        if scope["type"] != "http":
+            return
+        refused = self.guard.refusal(scope)
+        header, bad_header = session_header(scope)
+        if refused is None and bad_header is not None:
+            refused = 400, bad_header
+        if refused is not None:
+            self.counts.refused_request(refused[0])
+            await problem(send, *refused)
+            return
+        path = scope["path"]
+        if path == STATUS_PATH and scope["method"] == "GET":
+            await self._status(send)
+            return
+        if scope["method"] == "DELETE" and path.startswith(SESSIONS_PATH):
+            # before the answer: a client that reads it finds the session gone from the table too
+            self.sessions.forget(unquote(path[len(SESSIONS_PATH):]))
+        if path.startswith(SHADOW_PATHS) and self.shadow_app is not None:
             await self.shadow_app(scope, receive, send)
             return
+        body = await self._body(scope, receive, send)
+        if body is None:
+            return
+        if path.startswith(SHADOW_PATHS):  # --shadow URL: that service's own routes
+            await self._forward(scope, body, receive, send, None, self.shadow_url or "", keep_token=True)
+            return
+        turn = None
+        if scope["method"] == "POST" and path == CHAT_PATH:
+            turn, body = await self._turn(body, header, scope)
+        self.in_flight += turn is not None
+        try:
+            await self._forward(scope, body, receive, send, turn, self.upstream)
+        finally:
+            self.in_flight -= turn is not None
+
+    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None when it is over the limit (refused: 413) or the client left."""
+        length = next((v for k, v in scope["headers"] if k.lower() == b"content-length"), b"0")
+        too_big = (413, f"the body is larger than QWEN38_SHADOW_PROXY_MAX_BODY_KB="
+                        f"{self.settings.proxy_max_body_kb} KiB")
+        if length.isdigit() and int(length) > self.max_body:
+            self.counts.refused_request(413)
+            await problem(send, *too_big)
+            return None
         body = bytearray()
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return
+                return None
             body.extend(message.get("body", b""))
+            if len(body) > self.max_body:
+                self.counts.refused_request(413)
+                await problem(send, *too_big)
+                return None
             if not message.get("more_body"):
-                break
-        turn = None
-        if scope["method"] == "POST" and scope["path"] == CHAT_PATH:
-            turn = await self._turn(bytes(body), scope)
-        await self._forward(scope, bytes(body), receive, send, turn)
+                return bytes(body)
 
-    async def _turn(self, body: bytes, scope: Scope) -> _Turn | None:
+    async def _turn(self, body: bytes, header: str | None, scope: Scope) -> tuple[Turn | None, bytes]:
+        """The turn to follow (and the body to forward: with the engine's id fields where it gives ids)."""
         try:
             parsed = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(parsed, dict) or not isinstance(parsed.get("messages"), list):
-            return None
-        headers = dict((k.lower(), v) for k, v in scope["headers"])
-        header = headers.get(SESSION_HEADER.encode())
-        turn = _Turn(self, parsed, header.decode("latin-1") if header else None)
-        await turn.start()
-        return turn
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+            self.counts.not_followed("undecodable_body")
+            return None, body
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("messages"), list) or not parsed["messages"]:
+            self.counts.not_followed("no_messages")
+            return None, body
+        engine = await self._engine(scope)
+        stream = parsed.get("stream") is True
+        added = engine.ask(parsed, stream)
+        fields = engine.stream_fields if stream else engine.whole_fields
+        fingerprint = hashlib.blake2b(body + b"\0" + (header or "").encode(), digest_size=16).digest()
+        turn = Turn(self, parsed, header, fingerprint,
+                    engine_prompt=bool(fields) and all(parsed.get(f) is True for f in fields))
+        turn.strip = engine.strip if added else None
+        return turn, (json.dumps(parsed, ensure_ascii=False).encode() if added else body)
 
-    def _request(self, scope: Scope, body: bytes) -> httpx.Request:
-        url = self.upstream + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+    async def _engine(self, scope: Scope) -> Engine:
+        if self.engine is None:  # auto: the engine's /v1/models says which it is (with the client's key)
+            auth = [(k, v) for k, v in scope["headers"] if k.lower() == b"authorization"]
+            try:
+                r = await self.client().get(self.upstream + "/v1/models", headers=auth)
+            except httpx.HTTPError:
+                return BY_NAME["transformers"]  # asked again next time
+            if r.status_code != 200:
+                return BY_NAME["transformers"]
+            self.engine = from_models(r.content)
+        return self.engine
+
+    def _request(self, scope: Scope, body: bytes, base: str, keep_token: bool) -> httpx.Request:
+        url = base + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP]
+        drop = HOP_BY_HOP if keep_token else HOP_BY_HOP | {TOKEN_HEADER}
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
         return self.client().build_request(scope["method"], url, headers=headers, content=body)
 
-    async def _forward(self, scope: Scope, body: bytes, receive: Receive, send: Send, turn: _Turn | None) -> None:
+    async def _forward(self, scope: Scope, body: bytes, receive: Receive, send: Send, turn: Turn | None,
+                       base: str, keep_token: bool = False) -> None:
         complete = False
         try:
             try:
-                response = await self.client().send(self._request(scope, body), stream=True)
+                response = await self.client().send(self._request(scope, body, base, keep_token), stream=True)
             except httpx.TimeoutException as err:
-                await _plain(send, 504, f"the upstream {self.upstream} timed out: {type(err).__name__}")
+                if turn is not None:
+                    self.counts.add("unreachable")
+                await _plain(send, 504, f"the upstream {base} timed out: {type(err).__name__}")
                 return
             except httpx.HTTPError as err:
-                await _plain(send, 502, f"the upstream {self.upstream} failed: {type(err).__name__}: {err}")
+                if turn is not None:
+                    self.counts.add("unreachable")
+                await _plain(send, 502, f"the upstream {base} failed: {type(err).__name__}: {err}")
                 return
+            if turn is not None and not 200 <= response.status_code < 300:
+                self.counts.add("refused")
+                turn = None  # the engine refused it: no turn, no session touched
             try:
-                complete = await self._relay(response, receive, send, turn)
+                complete = await relay(response, receive, send, turn)
             finally:
                 with anyio.CancelScope(shield=True):
                     await response.aclose()
@@ -231,60 +276,18 @@ class ProxyApp:
             if turn is not None:
                 await turn.finish(complete)
 
-    async def _relay(self, response: httpx.Response, receive: Receive, send: Send, turn: _Turn | None) -> bool:
-        """Pass the response on; True when the upstream finished it and the client got all of it."""
-        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in RESPONSE_DROP]
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        follow = turn is not None and turn.session is not None and response.status_code < 400
-        streaming = response.headers.get("content-type", "").startswith("text/event-stream")
-        buffer, whole = bytearray(), bytearray()
-        gone = anyio.Event()
-
-        async def watch(scope: anyio.CancelScope) -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-            scope.cancel()  # the client went away: stop reading the upstream (it is closed after)
-
-        done = False
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch, tg.cancel_scope)
-            try:
-                async for raw in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": raw, "more_body": True})
-                    if not follow or turn is None:
-                        continue
-                    if streaming:
-                        buffer.extend(raw)
-                        for event in _events(buffer):
-                            for choice in _choices(event):
-                                await turn.delta(choice, "delta")
-                    else:
-                        whole.extend(raw)
-                done = True
-            except httpx.HTTPError as err:
-                log.warning("the upstream broke mid-response: %s: %s", type(err).__name__, err)
-            except OSError:  # uvicorn's ClientDisconnected: the client went away while we sent
-                gone.set()
-            finally:
-                tg.cancel_scope.cancel()
-        if not done or gone.is_set():
-            return False  # the client's response stays unfinished, as the upstream's did
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        if follow and turn is not None and not streaming and whole:
-            await self._whole(bytes(whole), response, turn)
-        return True
-
-    async def _whole(self, raw: bytes, response: httpx.Response, turn: _Turn) -> None:
-        try:
-            text = raw if not response.headers.get("content-encoding") else httpx.Response(
-                200, headers={"content-encoding": response.headers["content-encoding"]}, content=raw).read()
-            obj = json.loads(text)
-        except (ValueError, httpx.HTTPError):
-            return
-        for choice in (obj.get("choices") or []) if isinstance(obj, dict) else []:
-            if isinstance(choice, dict) and choice.get("index", 0) == 0:
-                await turn.delta(choice, "message")
+    async def _status(self, send: Send) -> None:
+        with self._mu:
+            recent = len(self._recent)
+        out = {"upstream": self.upstream, "engine": self.engine_name, "engine_setting": self.engine_setting,
+               "in_flight": self.in_flight,
+               "shadow": self.shadow_url or "in process", "sessions": self.sessions.status(),
+               "retry_s": self.settings.proxy_retry_s, "recent_bodies": recent,
+               "max_body_kb": self.settings.proxy_max_body_kb, "counts": self.counts.as_dict()}
+        body = json.dumps(out).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
 
 async def _plain(send: Send, status: int, text: str) -> None:
@@ -294,13 +297,27 @@ async def _plain(send: Send, status: int, text: str) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def create_proxy_app(upstream: str, container: Any = None, timeout_s: float = 600.0) -> ProxyApp:
-    """The proxy over ``container`` (by default built from the environment and ``serve.env``)."""
+def create_proxy_app(upstream: str, container: Any = None, timeout_s: float = 600.0, engine: str = "auto",
+                     shadow_url: str | None = None) -> ProxyApp:
+    """The proxy over ``container``'s service (by default built from the environment and
+    ``serve.env``), or with ``shadow_url`` over the service of another process (its token: the
+    ``QWEN38_SHADOW_TOKEN`` of this one)."""
+    from shadow.core.settings import ShadowSettings
+
+    if shadow_url is not None:
+        from shadow.api.client import ShadowClient
+
+        settings = container.settings() if container is not None else ShadowSettings()
+        client = ShadowClient(shadow_url, timeout=timeout_s, token=settings.token or None)
+        return ProxyApp(client, settings, upstream, timeout_s, engine, shadow_url=shadow_url)
     from shadow.api.app import create_app
 
     if container is None:
         from shadow.container import build_container
-        from shadow.core.settings import ShadowSettings
 
         container = build_container(ShadowSettings())
-    return ProxyApp(create_app(container), container, upstream, timeout_s)
+    telemetry = None
+    with contextlib.suppress(Exception):  # traces off or not started: the proxy's spans go nowhere
+        telemetry = container.telemetry()
+    return ProxyApp(container.service(), container.settings(), upstream, timeout_s, engine,
+                    shadow_app=create_app(container), telemetry=telemetry)

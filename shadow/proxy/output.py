@@ -24,19 +24,12 @@ from typing import Any
 
 from shadow.adapters.chat import render
 from shadow.adapters.tokens import Tokens, get_tokens
+from shadow.core.session import first_difference
 
 IM_END_TEXT = "<|im_end|>"
 _PLACEHOLDER_USER = {"role": "user", "content": "."}
 MARKER = "\ue000"  # a private-use character: no reply holds it, no BPE merge crosses it
 HOLD_BACK = 2
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class OutputIds:
@@ -95,7 +88,7 @@ class OutputIds:
             msg["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         return msg
 
-    def _render(self, marker: str = "") -> list[int] | None:
+    def _render(self, marker: str = "", hold: int = HOLD_BACK) -> list[int] | None:
         try:
             head = render([_PLACEHOLDER_USER], None, True, self.enable_thinking)
             alone = render([_PLACEHOLDER_USER, self._message(marker)], None, False, self.enable_thinking)
@@ -106,7 +99,8 @@ class OutputIds:
         tail = alone[len(head):]
         if marker:
             cut = tail.find(marker)
-            return self.tokens.encode(tail[:cut])[:-HOLD_BACK] if cut >= 0 else None
+            ids = self.tokens.encode(tail[:cut]) if cut >= 0 else None
+            return ids[: len(ids) - hold] if ids is not None else None
         end = tail.rfind(IM_END_TEXT)
         return self.tokens.encode(tail[: end + len(IM_END_TEXT)] if end >= 0 else tail)
 
@@ -130,13 +124,20 @@ class OutputIds:
         last, self._last = self._last, now
         if last is None:
             return []
-        return self._take(now[: _common(last, now)])
+        return self._take(now[: first_difference(last, now)])
 
-    def final(self) -> list[int]:
-        """The rest of the reply, once the upstream is done."""
+    def final(self, cut: bool = False) -> list[int]:
+        """The rest of the reply, once the upstream is done. ``cut``: the engine stopped it at
+        ``max_tokens``, so it is fed as the text it holds: no ``</think>`` or ``<|im_end|>`` the
+        engine did not generate (a reply cut inside a tool call's arguments feeds no more)."""
         if self.upstream_ids is not None:
             return self._take(list(self.upstream_ids))
         if not (self.reasoning or self.content or self.calls):
             return []  # nothing generated (an error, a disconnect before the first token)
+        if cut:
+            if self._growing not in ("reasoning", "content"):
+                return []
+            now = self._render(MARKER, hold=0)
+            return self._take(now) if now is not None else []
         now = self._render()
         return self._take(now) if now is not None else []

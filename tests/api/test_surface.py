@@ -176,6 +176,9 @@ def test_the_token_guards_every_endpoint(checkpoint: Path, tmp_path: Path) -> No
             problem(httpx.get(server.url + path, headers={"authorization": "Bearer wrong"}), 401, "wrong")
         problem(raw(server, "/feed/prompt", '{"session": "t", "prompt": [1]}'), 401)
         assert httpx.get(server.url + BASE + "/status").headers["www-authenticate"] == "Bearer"
+        # the token in its own header (what a client behind `shadow proxy` sends) serves as well
+        assert httpx.get(server.url + BASE + "/status", headers={"x-shadow-token": "s3cret-token"}).status_code == 200
+        problem(httpx.get(server.url + BASE + "/status", headers={"x-shadow-token": "wrong"}), 401, "X-Shadow-Token")
         with ShadowClient(server.url, token="s3cret-token") as host:
             assert host.status().slot.state in ("empty", "loading", "loaded")
             host.feed_prompt("t", [1, 2, 3])

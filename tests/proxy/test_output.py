@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from shadow.adapters.transcripts import load_transcript, render_turns
-from shadow.proxy.app import _choices, _events
 from shadow.proxy.output import OutputIds
+from shadow.proxy.relay import parse_event, take_events
+from shadow.proxy.turn import choices
 from tests.proxy.upstream import sse_chunks
 
 SESSIONS = {"reasoning": ("mini-swe-agent-gemini3-swebench/django__django-12741.traj.json", 0),
@@ -24,8 +25,9 @@ def _replay(out: OutputIds, chunks: list[bytes]) -> tuple[list[int], int]:
     buffer = bytearray()
     for c in chunks:
         buffer.extend(c)
-        for event in _events(buffer):
-            for choice in _choices(event):
+        for event in take_events(buffer):
+            obj = parse_event(event)
+            for choice in choices(obj, "delta") if obj is not None else []:
                 out.add_choice(choice, "delta")
                 fed += out.round()
     in_rounds = len(fed)
@@ -57,3 +59,23 @@ def test_upstream_token_ids_are_fed_as_they_come(shared_data: Path) -> None:
     out = OutputIds(None)
     fed, in_rounds = _replay(out, chunks)
     assert fed == want and in_rounds == len(want)
+
+
+@pytest.mark.parametrize("cut", ["reasoning_content", "content"])
+def test_a_reply_cut_by_max_tokens_is_fed_as_the_text_the_engine_returned(cut: str) -> None:
+    """No ``</think>`` or ``<|im_end|>`` the engine never generated: the ids end where its text ends."""
+    out = OutputIds(None)
+    fed: list[int] = []
+    parts = {"reasoning_content": "Let me look at the failing test first, then"}
+    if cut == "content":
+        parts = {"reasoning_content": "Short thought.", "content": "The fix is to change the"}
+    for k, text in parts.items():
+        for i in range(0, len(text), 8):
+            out.add_choice({"index": 0, "delta": {k: text[i:i + 8]}}, "delta")
+            fed += out.round()
+    fed += out.final(cut=True)
+    text = out.tokens.decode(fed)
+    want = parts["reasoning_content"] if cut == "reasoning_content" else \
+        "Short thought.\n</think>\n\nThe fix is to change the"
+    assert text == want
+    assert "<|im_end|>" not in text

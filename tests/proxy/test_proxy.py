@@ -6,7 +6,6 @@ headers the client receives, which ``openai`` parses away; httpx is already a de
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,76 +13,18 @@ import httpx
 import pytest
 
 from shadow.adapters.replay import compare
-from shadow.adapters.transcripts import load_transcript, render_turns
-from shadow.adapters.transcripts.model import Transcript
+from shadow.adapters.transcripts import render_turns
+from shadow.api.app import create_app
 from shadow.api.server import BackgroundServer
-from shadow.proxy import ProxyApp, create_proxy_app
+from shadow.proxy import create_proxy_app
 from tests.conftest import GRID, make_container, make_settings, wait_until
+from tests.proxy.conftest import REASONING, TOOLS, chat_body, headers_of, session_of, stream_chat
 from tests.proxy.upstream import MODELS, ScriptedUpstream, key, sse_chunks, whole_body
-
-RAW = "sessions/raw"
-REASONING = ("mini-swe-agent-gemini3-swebench/django__django-12741.traj.json", 0, 4)
-TOOLS = ("openhands-examples/output.jsonl", (1, 2), 2)
-
-
-def _transcript(shared_data: Path, path: str, index: int) -> Transcript:
-    return load_transcript(shared_data / RAW / path)[index]
-
-
-def _headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return [(k.lower(), v) for k, v in response.headers.raw if k.lower() != b"date"]
-
-
-def _body(req: Any, stream: bool = True) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": "qwen", "messages": req.messages, "stream": stream}
-    if req.tools:
-        body["tools"] = req.tools
-    return body
-
-
-class Stack:
-    def __init__(self, proxy: ProxyApp, upstream: ScriptedUpstream, url: str, upstream_url: str) -> None:
-        self.proxy, self.upstream, self.url, self.upstream_url = proxy, upstream, url, upstream_url
-
-    @property
-    def service(self) -> Any:
-        return self.proxy.service
-
-    def idle(self) -> None:
-        wait_until(lambda: self.service.activity.counts()[:2] == (0, 0), "the proxy's turns to finish", 60.0)
-
-
-@pytest.fixture
-def stack_of(checkpoint: Path, tmp_path: Path) -> Iterator[Any]:
-    servers: list[BackgroundServer] = []
-
-    def make(transcripts: list[Transcript]) -> Stack:
-        replies = {key(r.messages): r.response for t in transcripts for r in t.requests}
-        upstream = ScriptedUpstream(replies)
-        up = BackgroundServer(upstream, lifespan="off")
-        up.start()
-        servers.append(up)
-        settings = make_settings(checkpoint, tmp_path, idle_poll_s=0.05, idle_window_s=2.0)
-        proxy = create_proxy_app(up.url, make_container(settings), timeout_s=60.0)
-        front = BackgroundServer(proxy, server_header=False, date_header=False)
-        front.start()
-        servers.append(front)
-        wait_until(lambda: proxy.service.slot.state == "loaded", "the model to load")
-        return Stack(proxy, upstream, front.url, up.url)
-
-    yield make
-    for s in reversed(servers):
-        s.stop()
-
-
-def _stream(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
-    with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
-        return r.status_code, b"".join(r.iter_raw())
 
 
 def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_data: Path, stack_of: Any) -> None:
     path, index, n = REASONING
-    transcript = _transcript(shared_data, path, index)
+    transcript = session_of(shared_data, path, index)
     requests = transcript.requests[:n]
     turns = render_turns(transcript, indices=range(n))
     stack = stack_of([transcript])
@@ -93,13 +34,13 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
         for i, req in enumerate(requests):
             if i == 1:  # the upstream breaks mid-stream: the client sees the break, then retries
                 with pytest.raises(httpx.RemoteProtocolError):
-                    _stream(client, stack.url, _body(req), {**hdr, "x-test-fail-after": "8"})
+                    stream_chat(client, stack.url, chat_body(req), {**hdr, "x-test-fail-after": "8"})
                 stack.idle()
                 half = list(stack.service.live.session_ids(session))  # the prompt and what streamed
                 assert half[:len(turns[i].prompt_ids)] == turns[i].prompt_ids
                 assert len(turns[i].prompt_ids) < len(half) < len(turns[i].prompt_ids) + len(turns[i].output_ids)
             if i == 2:  # the client goes away mid-stream, then retries
-                with client.stream("POST", stack.url + "/v1/chat/completions", json=_body(req),
+                with client.stream("POST", stack.url + "/v1/chat/completions", json=chat_body(req),
                                    headers={**hdr, "x-test-delay": "0.05"}) as r:
                     first = next(r.iter_raw())
                     assert first == sse_chunks(req.response)[0]
@@ -107,17 +48,17 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
                 half = list(stack.service.live.session_ids(session))
                 assert half[:len(turns[i].prompt_ids)] == turns[i].prompt_ids
                 assert len(half) < len(turns[i].prompt_ids) + len(turns[i].output_ids)
-            status, got = _stream(client, stack.url, _body(req), hdr)
+            status, got = stream_chat(client, stack.url, chat_body(req), hdr)
             assert status == 200
             assert got == b"".join(sse_chunks(req.response)), f"turn {i}: the bytes differ from the upstream's"
             stack.idle()
             ids = list(stack.service.live.session_ids(session))
             assert ids == turns[i].prompt_ids + turns[i].output_ids, f"turn {i}: the session's ids"
         # the headers are the upstream's (less Date, which each server stamps)
-        via = client.post(stack.url + "/v1/chat/completions", json=_body(requests[-1], stream=False), headers=hdr)
-        direct = client.post(stack.upstream_url + "/v1/chat/completions", json=_body(requests[-1], stream=False))
+        via = client.post(stack.url + "/v1/chat/completions", json=chat_body(requests[-1], stream=False), headers=hdr)
+        direct = client.post(stack.upstream_url + "/v1/chat/completions", json=chat_body(requests[-1], stream=False))
         assert via.content == direct.content == whole_body(requests[-1].response)
-        assert via.status_code == direct.status_code == 200 and _headers(via) == _headers(direct)
+        assert via.status_code == direct.status_code == 200 and headers_of(via) == headers_of(direct)
         assert len(via.headers.get_list("date")) == 1
     stack.idle()
     sh = stack.service.live
@@ -132,19 +73,21 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
     assert compare(got_state, want_state)[0]
     s = stack.service.status()
     assert s.host.running == 0 and s.host.finished_turns == n + 3
-    assert stack.proxy.errors == []
+    counts = stack.proxy.counts.as_dict()
+    # the broken and the abandoned turn were retried within the retry window: retries, not turns
+    assert counts["turns"] == n + 1 and counts["retries"] == 2 and counts["not_followed"] == {}
 
 
 def test_two_interleaved_sessions_without_a_header_are_told_apart_by_prefix(
         shared_data: Path, stack_of: Any) -> None:
     path, picks, n = TOOLS
-    transcripts = [_transcript(shared_data, path, i) for i in picks]
+    transcripts = [session_of(shared_data, path, i) for i in picks]
     stack = stack_of(transcripts)
     with httpx.Client(timeout=120.0) as client:
         for i in range(n):
             for t in transcripts:
                 req = t.requests[i]
-                status, got = _stream(client, stack.url, _body(req), {})
+                status, got = stream_chat(client, stack.url, chat_body(req), {})
                 assert status == 200 and got == b"".join(sse_chunks(req.response))
                 stack.idle()
     names = stack.proxy.sessions.names()
@@ -157,14 +100,15 @@ def test_two_interleaved_sessions_without_a_header_are_told_apart_by_prefix(
 
 def test_other_paths_pass_through_and_failures_are_the_upstreams(shared_data: Path, stack_of: Any) -> None:
     path, index, _ = REASONING
-    transcript = _transcript(shared_data, path, index)
+    transcript = session_of(shared_data, path, index)
     stack = stack_of([transcript])
     with httpx.Client(timeout=60.0) as client:
         models = client.get(stack.url + "/v1/models")
         assert models.status_code == 200 and models.content == MODELS
-        echo = client.post(stack.url + "/v1/embeddings?x=1", content=b"anything")
+        echo = client.post(stack.url + "/v1/embeddings?x=1", content=b'"anything"',
+                           headers={"content-type": "application/json"})
         assert echo.status_code == 418 and echo.headers["x-upstream"] == "echo"
-        assert echo.json() == {"path": "/v1/embeddings", "query": "x=1", "body": "anything"}
+        assert echo.json() == {"path": "/v1/embeddings", "query": "x=1", "body": '"anything"'}
         unknown = client.post(stack.url + "/v1/chat/completions",
                               json={"model": "qwen", "messages": [{"role": "user", "content": "not scripted"}]})
         assert unknown.status_code == 404 and unknown.content == b'{"error":"no such turn"}'
@@ -178,3 +122,44 @@ def test_other_paths_pass_through_and_failures_are_the_upstreams(shared_data: Pa
     with httpx.Client(timeout=60.0) as client:
         gone = client.get(stack.url + "/v1/models")
     assert gone.status_code == 502 and "failed" in gone.json()["error"]["message"]
+
+
+def test_the_proxy_fronts_a_shadow_in_another_process_through_the_host_protocol(
+        shared_data: Path, checkpoint: Path, tmp_path: Path) -> None:
+    """``--shadow URL``: the proxy tells a ``shadow serve`` over HTTP (``ShadowClient``), with the
+    proxy's token; the shadow's own routes through the proxy reach that service."""
+    path, index, _ = REASONING
+    transcript = session_of(shared_data, path, index)
+    turns = render_turns(transcript, indices=range(2))
+    settings = make_settings(checkpoint, tmp_path, idle_poll_s=0.05, idle_window_s=2.0, token="s3cret")
+    container = make_container(settings)
+    servers = [BackgroundServer(create_app(container)),
+               BackgroundServer(ScriptedUpstream({key(r.messages): r.response for r in transcript.requests}),
+                                lifespan="off")]
+    for s in servers:
+        s.start()
+    proxy = create_proxy_app(servers[1].url, make_container(settings), timeout_s=60.0, engine="transformers",
+                             shadow_url=servers[0].url)
+    servers.append(BackgroundServer(proxy, server_header=False, date_header=False))
+    servers[2].start()
+    service = container.service()
+    try:
+        wait_until(lambda: service.slot.state == "loaded", "the model to load")
+        hdr = {"X-Session-Id": "remote", "X-Shadow-Token": "s3cret"}
+        with httpx.Client(timeout=120.0) as client:
+            for i, turn in enumerate(turns):
+                req = transcript.requests[i]
+                status, got = stream_chat(client, servers[2].url, chat_body(req), hdr)
+                assert status == 200 and got == b"".join(sse_chunks(req.response))
+                wait_until(lambda: proxy.in_flight == 0 and service.activity.counts()[:2] == (0, 0),
+                           "the turn to finish", 60.0)
+                assert list(service.live.session_ids("remote")) == turn.prompt_ids + turn.output_ids
+            remote = client.get(servers[2].url + "/v1/conductor/shadow/status", headers=hdr)
+            assert remote.status_code == 200 and remote.json()["host"]["finished_turns"] == 2
+            assert client.get(servers[2].url + "/v1/conductor/shadow/status").status_code == 401
+            gone = client.delete(servers[2].url + "/v1/conductor/shadow/sessions/remote", headers=hdr)
+            assert gone.status_code == 204 and proxy.sessions.names() == []
+    finally:
+        for s in reversed(servers):
+            s.stop()
+    assert proxy.counts.as_dict()["turns"] == 2

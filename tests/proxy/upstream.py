@@ -4,7 +4,10 @@ every byte the upstream sent.
 
 Test hooks ride on request headers, which the proxy forwards unchanged: ``x-test-fail-after: N``
 breaks the stream after N chunks (the app raises, uvicorn drops the connection), and
-``x-test-delay: S`` sleeps S seconds between chunks (room for a client to disconnect).
+``x-test-delay: S`` sleeps S seconds between chunks (room for a client to disconnect),
+``x-test-status: N`` refuses the chat completion with status N, ``x-test-fail-first: N`` answers the
+first N requests of a conversation with 502, and ``x-test-inject: NAME`` streams the event
+``inject[NAME]`` after the first ``INJECT_AT`` chunks. Every request's headers are kept (``headers``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 from typing import Any
 
 PIECE = 24  # characters per streamed delta
+INJECT_AT = 3
 
 
 def _pieces(text: str) -> list[str]:
@@ -63,6 +67,9 @@ class ScriptedUpstream:
     def __init__(self, replies: dict[str, dict[str, Any]]) -> None:
         self.replies = replies
         self.requests: list[tuple[str, str, bytes]] = []
+        self.headers: list[dict[str, str]] = []
+        self.inject: dict[str, bytes] = {}
+        self.failed: dict[str, int] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -77,6 +84,7 @@ class ScriptedUpstream:
                 break
         self.requests.append((scope["method"], scope["path"], bytes(body)))
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        self.headers.append(headers)
         if scope["path"] == "/v1/models":
             await _send(send, 200, [(b"content-type", b"application/json")], [MODELS])
             return
@@ -85,8 +93,21 @@ class ScriptedUpstream:
                                "body": body.decode()}).encode()
             await _send(send, 418, [(b"content-type", b"application/json"), (b"x-upstream", b"echo")], [echo])
             return
-        req = json.loads(body)
-        reply = self.replies.get(key(req["messages"]))
+        try:
+            req = json.loads(body)
+            messages = key(req["messages"])
+        except (ValueError, RecursionError, KeyError, TypeError):
+            await _send(send, 400, [(b"content-type", b"application/json")], [b'{"error":"bad body"}'])
+            return
+        if "x-test-status" in headers:
+            await _send(send, int(headers["x-test-status"]), [(b"content-type", b"application/json")],
+                        [b'{"error":"refused"}'])
+            return
+        if self.failed.get(messages, 0) < int(headers.get("x-test-fail-first", "0")):
+            self.failed[messages] = self.failed.get(messages, 0) + 1
+            await _send(send, 502, [(b"content-type", b"application/json")], [b'{"error":"bad gateway"}'])
+            return
+        reply = self.replies.get(messages)
         if reply is None:
             await _send(send, 404, [(b"content-type", b"application/json")], [b'{"error":"no such turn"}'])
             return
@@ -97,7 +118,10 @@ class ScriptedUpstream:
         delay = float(headers.get("x-test-delay", "0"))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-        for i, c in enumerate(sse_chunks(reply)):
+        chunks = sse_chunks(reply)
+        if "x-test-inject" in headers:
+            chunks.insert(INJECT_AT, self.inject[headers["x-test-inject"]])
+        for i, c in enumerate(chunks):
             if i == fail_after:
                 raise RuntimeError("the scripted upstream breaks mid-stream")
             await send({"type": "http.response.body", "body": c, "more_body": True})
