@@ -161,6 +161,8 @@ def _listening(args: argparse.Namespace, command: str) -> tuple[Any, Any] | None
         overrides["port"] = args.port
     if args.host is not None:
         overrides["host"] = args.host
+    if args.metrics_public:
+        overrides["metrics_public"] = True
     try:
         settings = ShadowSettings(_env_file=args.env_file, **overrides)
         container = build_container(settings)
@@ -319,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
     s.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
     s.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
+    s.add_argument("--metrics-public", action="store_true",
+                   help="/metrics, /health and /ready without the token, from loopback (QWEN38_SHADOW_METRICS_PUBLIC)")
     s.add_argument("--log-level", default="info")
     p = sub.add_parser("proxy", help="an OpenAI-compatible proxy in front of vLLM / SGLang / llama.cpp, "
                                      "followed by the shadow")
@@ -326,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
     p.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
     p.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="/metrics, /health and /ready without the token, from loopback (QWEN38_SHADOW_METRICS_PUBLIC)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream (default 600)")
     p.add_argument("--log-level", default="info")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")

@@ -69,6 +69,7 @@ from litestar.status_codes import (
     HTTP_503_SERVICE_UNAVAILABLE,
 )
 
+from shadow.adapters.metrics import Metrics
 from shadow.adapters.narrator import Narration
 from shadow.adapters.service import ShadowService, ShadowUnavailable
 from shadow.core.errors import BadInput, ShadowError, TooMany, UnknownSession
@@ -98,6 +99,7 @@ from .models import (
     Status,
     Turn,
 )
+from .operators import OperatorController, template_config
 
 BASE = "/v1/conductor/shadow"
 KEEP_ALIVE_S = 15.0  # a comment line this often: a client that went away is noticed
@@ -359,8 +361,10 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
         return service
 
     app = Litestar(
-        route_handlers=[ShadowController, FeedController, HostController],
-        dependencies={"service": Provide(provide_service, sync_to_thread=False)},
+        route_handlers=[ShadowController, FeedController, HostController, OperatorController],
+        dependencies={"service": Provide(provide_service, sync_to_thread=False),
+                      "metrics": Provide(lambda: container.metrics(), sync_to_thread=False)},
+        template_config=template_config(),
         lifespan=[lifespan],
         exception_handlers={
             HTTPException: _http_problem,
@@ -380,10 +384,10 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
         openapi_config=OpenAPIConfig(
             title="shadow", version=VERSION, path="/schema",
             description="A small Qwen3.5 that follows every session a served Qwen holds, read on a grid.",
-            tags=[Tag(name="shadow"), Tag(name="feeding"), Tag(name="host")],
+            tags=[Tag(name="shadow"), Tag(name="feeding"), Tag(name="host"), Tag(name="operators")],
             render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
         ),
-        signature_namespace={"ShadowService": ShadowService},
+        signature_namespace={"ShadowService": ShadowService, "Metrics": Metrics},
         debug=False,
     )
     _exact_components(app)

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import hmac
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 
 from shadow.core.settings import ShadowSettings
 
 from .models import Problem
+from .operators import OPERATOR_PATHS, PAGE_PATHS, TOKEN_COOKIE
+from .server import is_loopback
 
 BODY_METHODS = {b"POST", b"PUT", b"PATCH"}
 
@@ -42,6 +45,27 @@ class Guard:
         self.hosts = settings.hosts
         self.origins = settings.origins
         self.token = settings.token.encode()
+        self.metrics_public = settings.metrics_public
+
+    def _exempt(self, scope: Any) -> bool:
+        """Open without the token: the live page (it holds no data: it asks for the token), and with
+        ``METRICS_PUBLIC`` the operators' paths for a client on loopback."""
+        if scope.get("method") not in ("GET", "HEAD"):
+            return False
+        path = scope.get("path", "")
+        if path in PAGE_PATHS:
+            return True
+        client = scope.get("client") or ("",)
+        return self.metrics_public and path in OPERATOR_PATHS and is_loopback(str(client[0]))
+
+    @staticmethod
+    def _cookie(headers: dict[bytes, bytes]) -> bytes:
+        """The page's token cookie (a browser's ``EventSource`` cannot send a header)."""
+        for part in headers.get(b"cookie", b"").split(b";"):
+            name, _, value = part.strip().partition(b"=")
+            if name == TOKEN_COOKIE.encode():
+                return unquote(value.decode("latin-1")).encode("latin-1", "replace")
+        return b""
 
     def refusal(self, scope: Any) -> tuple[int, str] | None:
         headers: dict[bytes, bytes] = {}
@@ -51,9 +75,11 @@ class Guard:
         if "*" not in self.hosts and host not in self.hosts:
             return 400, (f"Host {host!r} is not one this service answers to ({', '.join(sorted(self.hosts))}; "
                          "QWEN38_SHADOW_ALLOWED_HOSTS adds names)")
-        if self.token:
+        if self.token and not self._exempt(scope):
             given = headers.get(b"authorization", b"")
             scheme, _, value = given.partition(b" ")
+            if not given and scope.get("method") in ("GET", "HEAD") and (cookie := self._cookie(headers)):
+                scheme, value = b"bearer", cookie  # reads only: a cross-site page never gets a SameSite cookie
             if scheme.lower() != b"bearer" or not hmac.compare_digest(value.strip(), self.token):
                 why = "no bearer token" if not given else "a wrong bearer token"
                 return 401, f"{why}: this service needs Authorization: Bearer <QWEN38_SHADOW_TOKEN>"

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .host import TurnTimeline
     from .shadow import ChunkRead, Shadow
 
-Window = Literal["idle", "ration"]
+Window = Literal["idle", "ration", "narrator", "ask"]  # who read a chunk (the last two: a fork's tail)
 
 
 class Reader(Protocol):
@@ -154,3 +154,11 @@ class Telemetry(Protocol):
 
     def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
               attributes: Mapping[str, Any] | None = None) -> None: ...
+
+    def count(self, name: str, value: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        """Add ``value`` to the counter ``name`` (``shadow.adapters.metrics.COUNTERS``), where it happened."""
+        ...
+
+    def observe(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
+        """One observation of the histogram ``name`` (``shadow.adapters.metrics.HISTOGRAMS``)."""
+        ...

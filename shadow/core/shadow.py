@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import BadInput, UnknownSession
-from .protocols import Prompter, Reader, StateStore
+from .protocols import Prompter, Reader, StateStore, Telemetry, Window
 from .residency import Residency
 from .session import Position, first_difference
 
@@ -50,13 +50,15 @@ class Shadow:
     """
 
     def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic, *,
-                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None) -> None:
+                 memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
+                 telemetry: Telemetry | None = None) -> None:
         self.reader = reader
+        self.telemetry = telemetry  # counts rollbacks, questions and a fork's tail chunks where they happen
         self.prompter = prompter
         self.clock = clock
         self.grid = reader.grid
         self.residency = Residency(reader.grid, reader.new_session, clock, memory=memory, disk=disk,
-                                   cap_bytes=cap_bytes)
+                                   cap_bytes=cap_bytes, telemetry=telemetry)
         self._lock = self.residency.lock
         self._last_cost_s: dict[str, float] = {}  # per session: the estimate of its next chunk
 
@@ -120,6 +122,9 @@ class Shadow:
             rollback = book.feed_prompt(prompt)
             if rollback is not None:
                 self.reader.roll_back(tensors, rollback.resume_at)
+                if self.telemetry is not None:
+                    self.telemetry.count("rollbacks")
+                    self.telemetry.count("ids_reread", rollback.reread)
             self.reader.checkpoint_if_due(book, tensors)
 
     def _checked_prompt(self, session: str, ids: list[int]) -> list[int]:
@@ -225,13 +230,16 @@ class Shadow:
                         done.append(ChunkRead(name, first, self.grid, cost))
         return done
 
-    def _read_tail(self, name: str, book: Any, tensors: Any, upto: int | None = None) -> None:
+    def _read_tail(self, name: str, book: Any, tensors: Any, window: Window, upto: int | None = None) -> None:
         """Read the pending tail's whole chunks (below ``upto``) through the normal path before a
         fork: they are on the grid, so they are committed, exact and not wasted, and the fork then
         covers less than one chunk of the session (no attention over a long tail at once)."""
         end = len(book.ids) if upto is None else upto
         while end - book.committed >= self.grid:
-            self._last_cost_s[name] = self.reader.read_chunk(book, tensors)
+            first, t0 = book.committed, time.time_ns()
+            cost = self._last_cost_s[name] = self.reader.read_chunk(book, tensors)
+            if self.telemetry is not None:
+                self.telemetry.chunk(window, ChunkRead(name, first, self.grid, cost), book.pending, t0, time.time_ns())
 
     # ---- asking --------------------------------------------------------------------------
 
@@ -277,12 +285,15 @@ class Shadow:
                     raise BadInput(f"cannot ask at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
                 behind = (len(book.ids) if at is None else at) - book.committed
-                self._read_tail(session, book, tensors, upto=at)
+                self._read_tail(session, book, tensors, "ask", upto=at)
                 logits = self.reader.fork_logits(book, tensors, q, upto=at)
                 probs = self.reader.probabilities(logits, tokens)
         best = max(range(len(choices)), key=lambda i: probs[i])
-        return Answer(choices[best], dict(zip(choices, probs, strict=True)), behind,
-                      (time.perf_counter() - t0) * 1e3)
+        took = time.perf_counter() - t0
+        if self.telemetry is not None:
+            self.telemetry.count("questions")
+            self.telemetry.observe("question_seconds", took)
+        return Answer(choices[best], dict(zip(choices, probs, strict=True)), behind, took * 1e3)
 
     def decode(self, session: str, prompt: str | Sequence[int], max_new: int = 64,
                at: int | None = None) -> list[int]:
@@ -298,7 +309,7 @@ class Shadow:
                 if at is not None and not book.committed <= at <= len(book.ids):
                     raise BadInput(f"cannot decode at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
-                self._read_tail(session, book, tensors, upto=at)
+                self._read_tail(session, book, tensors, "narrator", upto=at)
                 return self.reader.fork_decode(book, tensors, ids, max_new, self.prompter.stop_ids, upto=at)
 
     # ---- state -------------------------------------------------------------------------
