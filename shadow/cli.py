@@ -1,4 +1,4 @@
-"""``shadow`` on the command line: ``serve``, ``proxy``, ``demo``, ``verify`` and ``router-eval``."""
+"""``shadow`` on the command line: ``serve``, ``proxy``, ``status``, ``demo``, ``verify`` and ``router-eval``."""
 
 from __future__ import annotations
 
@@ -208,6 +208,57 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
+def status_table(st: dict[str, Any]) -> str:
+    """``GET .../status`` for a person at a terminal: the model, the windows, one row per session."""
+    slot, w, grid = st["slot"], st["windows"], st["slot"]["grid"]
+    store = st.get("store") or {}
+    cap = store.get("cap_bytes")
+    lines = [f"model: {slot['state']}{' (' + slot['error'] + ')' if slot['error'] else ''}, {slot['model'] or '-'} "
+             f"on {slot['device']} ({slot['dtype']}, grid {grid})",
+             f"read: idle window {w['idle']['chunks']} chunks ({w['idle']['spent_ms']:.0f} ms), ration "
+             f"{w['ration']['chunks']} chunks ({w['ration']['spent_ms']:.0f} ms); narrator "
+             f"{(st.get('narrator') or {}).get('spent_ms', 0.0):.0f} ms",
+             f"resident: {store.get('resident_bytes', 0) / 2**20:.1f} MiB of "
+             f"{'no cap' if cap is None else f'{cap / 2**20:.1f} MiB'}; backlog {st['backlog']} ids; "
+             f"host: {st['host']['running']} running, {st['host']['waiting']} waiting"]
+    rows = [["session", "where", "ids", "read", "behind", "fresh", "rollbacks", "MiB resident", "MiB on disk",
+             "profile"]]
+    for name, s in sorted(st["sessions"].items()):
+        rows.append([name, s["where"], str(s["ids"]), str(s["committed"]), str(s["backlog"]),
+                     "yes" if s["backlog"] < grid else "no", str(s.get("rollbacks", 0)),
+                     f"{s.get('bytes_resident', 0) / 2**20:.1f}", f"{s.get('bytes_on_disk', 0) / 2**20:.1f}",
+                     s.get("profile") or "-"])
+    return "\n".join(lines) + "\n\n" + (_table(rows) if len(rows) > 1 else "no sessions")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The running service's status as a table (``--url``; the token from the settings)."""
+    import httpx
+
+    from shadow.api.client import ShadowClient, ShadowHTTPError
+    from shadow.core.errors import ShadowError
+    from shadow.core.settings import ShadowSettings
+
+    try:
+        settings = ShadowSettings(_env_file=args.env_file)
+    except ShadowError as err:
+        print(f"shadow status: {err}", file=sys.stderr)
+        return 2
+    url = args.url or f"http://{settings.host}:{settings.port}"
+    try:
+        with ShadowClient(url, timeout=10.0, token=settings.token or None) as client:
+            st = client.status()
+    except ShadowHTTPError as err:
+        print(f"shadow status: {url} answered {err}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as err:
+        print(f"shadow status: cannot reach {url}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    print(f"shadow at {url}")
+    print(status_table(st))
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from shadow.adapters.replay import verify
     from shadow.adapters.transcripts import discover, load_transcript, render_turns
@@ -334,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="/metrics, /health and /ready without the token, from loopback (QWEN38_SHADOW_METRICS_PUBLIC)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream (default 600)")
     p.add_argument("--log-level", default="info")
+    st = sub.add_parser("status", help="the running service's status as a table")
+    st.add_argument("--url", default=None, help="the service's base URL (default: http://HOST:PORT of the settings)")
+    st.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")
     v.add_argument("paths", nargs="*",
                    help="session files or folders (default: the folder QWEN38_SHADOW_SESSIONS names)")
@@ -351,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     args = ap.parse_args(argv)
     return {"demo": cmd_demo, "serve": cmd_serve, "proxy": cmd_proxy, "verify": cmd_verify,
-            "router-eval": cmd_router_eval}[args.command](args)
+            "router-eval": cmd_router_eval, "status": cmd_status}[args.command](args)
 
 
 if __name__ == "__main__":
