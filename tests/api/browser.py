@@ -5,6 +5,7 @@ so the page test needs no driver and no library beyond the browser itself."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -86,10 +87,8 @@ class Browser:
         return path
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # a browser that died already
             self.call("Browser.close", timeout_s=10.0)
-        except RuntimeError:
-            pass
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
