@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from shadow.api.terminal import table as _table
 from shadow.core.settings import DEFAULT_HOME
 
 if TYPE_CHECKING:
@@ -50,13 +51,6 @@ def _slice(text: str) -> slice:
     return slice(a, b)
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def _build(model: Path, grid: int, dtype: Literal["float32", "bfloat16"], device: str) -> Shadow:
     from shadow import ShadowSettings, build_shadow
 
@@ -67,6 +61,18 @@ def _build(model: Path, grid: int, dtype: Literal["float32", "bfloat16"], device
 DEMO_QUESTION = "Did the agent finish its task? A: yes, B: no, C: unclear. Answer with the letter."
 
 
+def _speed(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--speed wants auto or a positive factor, got {text!r}")
+    return value
+
+
 def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
@@ -75,12 +81,30 @@ def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 120.0) -> N
         time.sleep(0.05)
 
 
+DEMO_REPLAY_S = 75.0  # the replay's longest: with the model's load and the checks, make demo stays under 2 minutes
+
+
+def _chunk_cost(container: Any, host: Any, ids: list[int], grid: int) -> float:
+    """The median cost of 3 chunks of ``ids`` read on this device, outside the replayed session
+    (a hold keeps the idle window shut meanwhile)."""
+    hold = host.add_hold()
+    try:
+        sh = container.shadow()
+        sh.feed_prompt("demo-chunk-cost", ids[:3 * grid])
+        costs = sorted(c.cost_s for c in sh.read("demo-chunk-cost"))
+        sh.forget("demo-chunk-cost")
+    finally:
+        host.release_hold(hold)
+    return float(costs[len(costs) // 2])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start the service on loopback, drive it as a host would through the shipped session's real
-    timeline (compressed), ask, check the state against a fresh prefill, print what happened."""
+    timeline (at a pace where the reader keeps up as it would for a user), ask, check the state
+    against a fresh prefill, print what happened."""
     from shadow.adapters.replay import compare
     from shadow.adapters.telemetry import read_jsonl
-    from shadow.adapters.timeline import replay_timeline
+    from shadow.adapters.timeline import USER_CHUNK_S, demo_stretch, durations, replay_timeline
     from shadow.adapters.transcripts import demo_transcript, render_turns
     from shadow.api.app import create_app
     from shadow.api.client import ShadowClient
@@ -98,8 +122,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     container = build_container(settings)
     transcript = demo_transcript()
     turns = render_turns(transcript)
-    print(f"session: {transcript.name} ({transcript.source_format}), {len(turns)} turns, "
-          f"license {Path(transcript.license_path or '').name}; timeline compressed {args.speed:g}x")
+    start, length = durations(turns, 1.0)[-1]
+    print(f"session: {transcript.name} ({transcript.source_format}), {len(turns)} turns over {start + length:.1f} s, "
+          f"license {Path(transcript.license_path or '').name}")
     with BackgroundServer(create_app(container), settings.host, 0) as server, ShadowClient(server.url) as host:
         _wait_for("the model to load", lambda: host.status()["slot"]["state"] in ("loaded", "failed"))
         slot = host.status()["slot"]
@@ -107,7 +132,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"the model did not load: {slot['error']}", file=sys.stderr)
             return 1
         print(f"service on {server.url}; model loaded in an idle window ({slot['load_s']:.2f} s)")
-        reports = replay_timeline(host, "demo", turns, args.grid, speed=args.speed)
+        chunk_s = _chunk_cost(container, host, turns[0].prompt_ids, args.grid)
+        stretch = demo_stretch(chunk_s, start + length, DEMO_REPLAY_S) if args.speed == "auto" else 1 / args.speed
+        pace = "its real pace" if stretch == 1 else (f"{stretch:.2g} times slower than it happened" if stretch > 1
+                                                     else f"{1 / stretch:.2g} times faster than it happened")
+        if args.speed == "auto" and stretch * USER_CHUNK_S < chunk_s:
+            pace += " (as slow as 2 minutes allow: the reader here is slower still)"
+        print(f"chunk cost measured here: {chunk_s * 1e3:.1f} ms a {args.grid}-row chunk (a user's 0.8B on an "
+              f"H200: {USER_CHUNK_S * 1e3:.2f} ms); replayed at {pace}")
+        reports = replay_timeline(host, "demo", turns, args.grid, speed=1 / stretch)
         _wait_for("the idle window to catch up",
                   lambda: host.status()["sessions"]["demo"]["backlog"] < args.grid)
         answer = host.ask("demo", DEMO_QUESTION, ["A", "B", "C"])
@@ -208,29 +241,6 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
-def status_table(st: dict[str, Any]) -> str:
-    """``GET .../status`` for a person at a terminal: the model, the windows, one row per session."""
-    slot, w, grid = st["slot"], st["windows"], st["slot"]["grid"]
-    store = st.get("store") or {}
-    cap = store.get("cap_bytes")
-    lines = [f"model: {slot['state']}{' (' + slot['error'] + ')' if slot['error'] else ''}, {slot['model'] or '-'} "
-             f"on {slot['device']} ({slot['dtype']}, grid {grid})",
-             f"read: idle window {w['idle']['chunks']} chunks ({w['idle']['spent_ms']:.0f} ms), ration "
-             f"{w['ration']['chunks']} chunks ({w['ration']['spent_ms']:.0f} ms); narrator "
-             f"{(st.get('narrator') or {}).get('spent_ms', 0.0):.0f} ms",
-             f"resident: {store.get('resident_bytes', 0) / 2**20:.1f} MiB of "
-             f"{'no cap' if cap is None else f'{cap / 2**20:.1f} MiB'}; backlog {st['backlog']} ids; "
-             f"host: {st['host']['running']} running, {st['host']['waiting']} waiting"]
-    rows = [["session", "where", "ids", "read", "behind", "fresh", "rollbacks", "MiB resident", "MiB on disk",
-             "profile"]]
-    for name, s in sorted(st["sessions"].items()):
-        rows.append([name, s["where"], str(s["ids"]), str(s["committed"]), str(s["backlog"]),
-                     "yes" if s["backlog"] < grid else "no", str(s.get("rollbacks", 0)),
-                     f"{s.get('bytes_resident', 0) / 2**20:.1f}", f"{s.get('bytes_on_disk', 0) / 2**20:.1f}",
-                     s.get("profile") or "-"])
-    return "\n".join(lines) + "\n\n" + (_table(rows) if len(rows) > 1 else "no sessions")
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     """The running service's status as a table (``--url``; the token from the settings)."""
     import httpx
@@ -254,6 +264,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     except httpx.HTTPError as err:
         print(f"shadow status: cannot reach {url}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
+    from shadow.api.terminal import status_table
+
     print(f"shadow at {url}")
     print(status_table(st))
     return 0
@@ -367,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--device", default="auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N")
     d = sub.add_parser("demo", parents=[common],
                        help="start the service, follow the shipped real session on its timeline, ask a question")
-    d.add_argument("--speed", type=float, default=3.0, help="timeline compression (3: three times faster)")
+    d.add_argument("--speed", default="auto", type=_speed,
+                   help="auto: the session's real pace, slowed by the chunk cost measured here against a user's "
+                        "(within 2 minutes); or a factor (1: real pace, 3: three times faster)")
     s = sub.add_parser("serve", help="run the service (settings from the environment and serve.env)")
     s.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
     s.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
