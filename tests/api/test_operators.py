@@ -182,3 +182,20 @@ def test_the_proxy_serves_them_under_the_shadows_prefix_and_leaves_the_rest_to_t
         assert h.get(BASE).headers["content-type"].startswith("text/html")
         for engines in ("/metrics", "/health", "/"):  # the engine's own (here: none to reach)
             assert h.get(engines).status_code == 502, engines
+
+
+def test_the_docs_and_the_dashboard_name_only_metrics_that_exist() -> None:
+    import json
+    import re
+
+    from tests.conftest import REPO
+
+    docs = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert {n for n in NAMES if f"`{n}" not in docs} == set()  # every metric has its line
+    dashboard = json.loads((REPO / "docs" / "grafana-shadow.json").read_text(encoding="utf-8"))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {re.sub(r"_(bucket|sum|count)$", "", n) for e in exprs for n in re.findall(r"shadow_\w+", e)}
+    assert used <= NAMES and len(used) >= 8, used - NAMES
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for wanted in ("fresh", "backlog", "device share", "parks", "refused"):
+        assert wanted in titles
