@@ -12,6 +12,7 @@ service object that the API and an in-process host use.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal
@@ -42,9 +43,17 @@ if TYPE_CHECKING:  # concrete types for the checker only: importing them here wo
 OnOff = Literal["on", "off"]
 
 
+def triton_cache(settings: ShadowSettings, environ: dict[str, str] | None = None) -> str:
+    """Triton's kernel cache under DIR (``DIR/triton``), so a restart finds what the last start
+    compiled, unless the user set ``TRITON_CACHE_DIR``; set before anything compiles. Returns it."""
+    env = os.environ if environ is None else environ
+    return env.setdefault("TRITON_CACHE_DIR", str(settings.home / "triton"))
+
+
 def _model(settings: ShadowSettings) -> Qwen35:
     if not settings.model:
         raise BadInput("QWEN38_SHADOW_MODEL is empty: the shadow is off")
+    triton_cache(settings)
     import torch
 
     from shadow.backends.qwen35 import Qwen35

@@ -198,6 +198,8 @@ class Shadow:
         with self._lock:
             self.reader.warm_up()
             self.reader.fresh([0] * self.grid)
+            self.prompter.question_ids("?")  # the chat template and the tokenizer, loaded before a question
+            self.prompter.single_token("A")
 
     def read(self, session: str | None = None, budget_s: float | None = None,
              max_chunks: int | None = None) -> list[ChunkRead]:
