@@ -199,3 +199,19 @@ def test_the_docs_and_the_dashboard_name_only_metrics_that_exist() -> None:
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for wanted in ("fresh", "backlog", "device share", "parks", "refused"):
         assert wanted in titles
+
+
+def test_every_refusal_of_a_parked_file_has_a_bounded_reason() -> None:
+    import re
+
+    from shadow.backends.stores import disk
+    from tests.conftest import REPO
+
+    source = (REPO / "shadow" / "backends" / "stores" / "disk.py").read_text(encoding="utf-8")
+    # every message the store refuses with, but the identity check's, which starts with its key
+    starts = [m for m in re.findall(r'_refuse\(path, f?"([^"]*)"', source) if not m.startswith("{key}")]
+    identity = [f"{key} is 'x', this reader has 'y'" for key in ("format", "weights_hash", "grid", "dtype")]
+    reasons = {disk.refusal_reason(m) for m in starts + identity}
+    assert len(starts) >= 7 and "other" not in reasons
+    assert reasons == {"unreadable", "format", "weights", "grid", "dtype", "metadata", "checksum", "session",
+                       "vocabulary", "model"}
