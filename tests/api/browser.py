@@ -26,13 +26,16 @@ def find() -> str | None:
 
 class Browser:
     def __init__(self, binary: str, profile: Path) -> None:
+        self.log_path = profile.parent / f"{profile.name}.log"
         to_browser, self._commands = os.pipe()
         self._events, from_browser = os.pipe()
-        # the browser wants the pipe at fds 3 and 4: a shell puts them there and execs it
+        # the browser wants the pipe at fds 3 and 4: bash puts them there and execs it (dash, Debian's
+        # sh, takes no fd number above 9 in a redirection)
         self.proc = subprocess.Popen(
-            ["sh", "-c", f'exec "$0" "$@" 3<&{to_browser} 4>&{from_browser}', binary, *FLAGS,
+            ["bash", "-c", f'exec "$0" "$@" 3<&{to_browser} 4>&{from_browser}', binary, *FLAGS,
              f"--user-data-dir={profile}", "--remote-debugging-pipe", "about:blank"],
-            pass_fds=(to_browser, from_browser), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            pass_fds=(to_browser, from_browser), stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("wb"))
         os.close(to_browser)
         os.close(from_browser)
         self._buffer = b""
@@ -46,12 +49,15 @@ class Browser:
         message: dict[str, Any] = {"id": self._next, "method": method, "params": params or {}}
         if session:
             message["sessionId"] = session
-        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        try:
+            os.write(self._commands, json.dumps(message).encode() + b"\0")
+        except BrokenPipeError:
+            raise RuntimeError(f"the browser is gone (exit {self.proc.wait(10)}): {self.log()}") from None
         deadline = time.monotonic() + timeout_s
         while True:
             while b"\0" not in self._buffer:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"the browser did not answer {method}: exit {self.proc.poll()}")
+                    raise RuntimeError(f"the browser did not answer {method}: exit {self.proc.poll()}: {self.log()}")
                 chunk = os.read(self._events, 1 << 16)
                 if not chunk:
                     raise RuntimeError(f"the browser closed its pipe during {method}")
@@ -63,6 +69,10 @@ class Browser:
                     raise RuntimeError(f"{method}: {got['error']}")
                 result: dict[str, Any] = got["result"]
                 return result
+
+    def log(self) -> str:
+        """The end of what the browser wrote to stderr."""
+        return self.log_path.read_text(errors="replace")[-2000:]
 
     def page(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
         return self.call(method, params, self.session)
