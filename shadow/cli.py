@@ -1,4 +1,4 @@
-"""``shadow`` on the command line: ``serve``, ``proxy``, ``demo``, ``verify`` and ``router-eval``."""
+"""``shadow`` on the command line: ``serve``, ``proxy``, ``status``, ``demo``, ``verify`` and ``router-eval``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from shadow.api.terminal import table as _table
 from shadow.core.settings import DEFAULT_HOME
 
 if TYPE_CHECKING:
@@ -50,13 +51,6 @@ def _slice(text: str) -> slice:
     return slice(a, b)
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def _build(model: Path, grid: int, dtype: Literal["float32", "bfloat16"], device: str) -> Shadow:
     from shadow import ShadowSettings, build_shadow
 
@@ -67,6 +61,18 @@ def _build(model: Path, grid: int, dtype: Literal["float32", "bfloat16"], device
 DEMO_QUESTION = "Did the agent finish its task? A: yes, B: no, C: unclear. Answer with the letter."
 
 
+def _speed(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--speed wants auto or a positive factor, got {text!r}")
+    return value
+
+
 def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
@@ -75,12 +81,30 @@ def _wait_for(what: str, ready: Callable[[], bool], timeout: float = 120.0) -> N
         time.sleep(0.05)
 
 
+DEMO_REPLAY_S = 75.0  # the replay's longest: with the model's load and the checks, make demo stays under 2 minutes
+
+
+def _chunk_cost(container: Any, host: Any, ids: list[int], grid: int) -> float:
+    """The median cost of 3 chunks of ``ids`` read on this device, outside the replayed session
+    (a hold keeps the idle window shut meanwhile)."""
+    hold = host.add_hold()
+    try:
+        sh = container.shadow()
+        sh.feed_prompt("demo-chunk-cost", ids[:3 * grid])
+        costs = sorted(c.cost_s for c in sh.read("demo-chunk-cost"))
+        sh.forget("demo-chunk-cost")
+    finally:
+        host.release_hold(hold)
+    return float(costs[len(costs) // 2])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Start the service on loopback, drive it as a host would through the shipped session's real
-    timeline (compressed), ask, check the state against a fresh prefill, print what happened."""
+    timeline (at a pace where the reader keeps up as it would for a user), ask, check the state
+    against a fresh prefill, print what happened."""
     from shadow.adapters.replay import compare
     from shadow.adapters.telemetry import read_jsonl
-    from shadow.adapters.timeline import replay_timeline
+    from shadow.adapters.timeline import USER_CHUNK_S, demo_stretch, durations, replay_timeline
     from shadow.adapters.transcripts import demo_transcript, render_turns
     from shadow.api.app import create_app
     from shadow.api.client import ShadowClient
@@ -98,8 +122,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     container = build_container(settings)
     transcript = demo_transcript()
     turns = render_turns(transcript)
-    print(f"session: {transcript.name} ({transcript.source_format}), {len(turns)} turns, "
-          f"license {Path(transcript.license_path or '').name}; timeline compressed {args.speed:g}x")
+    start, length = durations(turns, 1.0)[-1]
+    print(f"session: {transcript.name} ({transcript.source_format}), {len(turns)} turns over {start + length:.1f} s, "
+          f"license {Path(transcript.license_path or '').name}")
     with BackgroundServer(create_app(container), settings.host, 0) as server, ShadowClient(server.url) as host:
         _wait_for("the model to load", lambda: host.status().slot.state in ("loaded", "failed"))
         slot = host.status().slot
@@ -107,7 +132,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"the model did not load: {slot.error}", file=sys.stderr)
             return 1
         print(f"service on {server.url}; model loaded in an idle window ({slot.load_s or 0.0:.2f} s)")
-        reports = replay_timeline(host, "demo", turns, args.grid, speed=args.speed)
+        chunk_s = _chunk_cost(container, host, turns[0].prompt_ids, args.grid)
+        stretch = demo_stretch(chunk_s, start + length, DEMO_REPLAY_S) if args.speed == "auto" else 1 / args.speed
+        pace = "its real pace" if stretch == 1 else (f"{stretch:.2g} times slower than it happened" if stretch > 1
+                                                     else f"{1 / stretch:.2g} times faster than it happened")
+        if args.speed == "auto" and stretch * USER_CHUNK_S < chunk_s:
+            pace += " (as slow as 2 minutes allow: the reader here is slower still)"
+        print(f"chunk cost measured here: {chunk_s * 1e3:.1f} ms a {args.grid}-row chunk (a user's 0.8B on an "
+              f"H200: {USER_CHUNK_S * 1e3:.2f} ms); replayed at {pace}")
+        reports = replay_timeline(host, "demo", turns, args.grid, speed=1 / stretch)
         _wait_for("the idle window to catch up",
                   lambda: host.status().sessions["demo"].backlog < args.grid)
         answer = host.ask("demo", DEMO_QUESTION, ["A", "B", "C"])
@@ -161,6 +194,8 @@ def _listening(args: argparse.Namespace, command: str) -> tuple[Any, Any] | None
         overrides["port"] = args.port
     if args.host is not None:
         overrides["host"] = args.host
+    if args.metrics_public:
+        overrides["metrics_public"] = True
     try:
         settings = ShadowSettings(_env_file=args.env_file, **overrides)
         container = build_container(settings)
@@ -205,6 +240,36 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     serve(app, settings.host, settings.port, log_level=args.log_level,
           on_exit=container.service().closing if args.shadow is None else None,
           server_header=False, date_header=False)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The running service's status as a table (``--url``; the token from the settings)."""
+    import httpx
+
+    from shadow.api.client import ShadowClient, ShadowHTTPError
+    from shadow.core.errors import ShadowError
+    from shadow.core.settings import ShadowSettings
+
+    try:
+        settings = ShadowSettings(_env_file=args.env_file)
+    except ShadowError as err:
+        print(f"shadow status: {err}", file=sys.stderr)
+        return 2
+    url = args.url or f"http://{settings.host}:{settings.port}"
+    try:
+        with ShadowClient(url, timeout=10.0, token=settings.token or None) as client:
+            st = client.status()
+    except ShadowHTTPError as err:
+        print(f"shadow status: {url} answered {err}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as err:
+        print(f"shadow status: cannot reach {url}: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    from shadow.api.terminal import status_table
+
+    print(f"shadow at {url}")
+    print(status_table(st))
     return 0
 
 
@@ -316,11 +381,15 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--device", default="auto", help="auto (CUDA when present, else cpu), cpu, cuda, cuda:N")
     d = sub.add_parser("demo", parents=[common],
                        help="start the service, follow the shipped real session on its timeline, ask a question")
-    d.add_argument("--speed", type=float, default=3.0, help="timeline compression (3: three times faster)")
+    d.add_argument("--speed", default="auto", type=_speed,
+                   help="auto: the session's real pace, slowed by the chunk cost measured here against a user's "
+                        "(within 2 minutes); or a factor (1: real pace, 3: three times faster)")
     s = sub.add_parser("serve", help="run the service (settings from the environment and serve.env)")
     s.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
     s.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
     s.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
+    s.add_argument("--metrics-public", action="store_true",
+                   help="/metrics, /health and /ready without the token, from loopback (QWEN38_SHADOW_METRICS_PUBLIC)")
     s.add_argument("--log-level", default="info")
     p = sub.add_parser("proxy", help="an OpenAI-compatible proxy in front of vLLM / SGLang / llama.cpp, "
                                      "followed by the shadow")
@@ -328,12 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
     p.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
     p.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
+    p.add_argument("--metrics-public", action="store_true",
+                   help="/metrics, /health and /ready without the token, from loopback (QWEN38_SHADOW_METRICS_PUBLIC)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream (default 600)")
     p.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang", "llamacpp", "transformers"],
                    help="how to ask the engine for its token ids (default auto: from its /v1/models)")
     p.add_argument("--shadow", default=None, metavar="URL",
                    help="follow with the shadow service at URL (`shadow serve`) instead of one in this process")
     p.add_argument("--log-level", default="info")
+    st = sub.add_parser("status", help="the running service's status as a table")
+    st.add_argument("--url", default=None, help="the service's base URL (default: http://HOST:PORT of the settings)")
+    st.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     v = sub.add_parser("verify", parents=[common], help="replay real sessions and check the state bit for bit")
     v.add_argument("paths", nargs="*",
                    help="session files or folders (default: the folder QWEN38_SHADOW_SESSIONS names)")
@@ -351,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
     args = ap.parse_args(argv)
     return {"demo": cmd_demo, "serve": cmd_serve, "proxy": cmd_proxy, "verify": cmd_verify,
-            "router-eval": cmd_router_eval}[args.command](args)
+            "router-eval": cmd_router_eval, "status": cmd_status}[args.command](args)
 
 
 if __name__ == "__main__":

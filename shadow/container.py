@@ -12,6 +12,7 @@ service object that the API and an in-process host use.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Literal
@@ -25,6 +26,7 @@ from shadow.core.shadow import Shadow
 if TYPE_CHECKING:  # concrete types for the checker only: importing them here would import torch
     from opentelemetry.sdk.trace import TracerProvider
 
+    from shadow.adapters.metrics import Metrics
     from shadow.adapters.narrator import Narrator
     from shadow.adapters.prompter import QwenPrompter
     from shadow.adapters.router import RouterShadow
@@ -41,9 +43,17 @@ if TYPE_CHECKING:  # concrete types for the checker only: importing them here wo
 OnOff = Literal["on", "off"]
 
 
+def triton_cache(settings: ShadowSettings, environ: dict[str, str] | None = None) -> str:
+    """Triton's kernel cache under DIR (``DIR/triton``), so a restart finds what the last start
+    compiled, unless the user set ``TRITON_CACHE_DIR``; set before anything compiles. Returns it."""
+    env = os.environ if environ is None else environ
+    return env.setdefault("TRITON_CACHE_DIR", str(settings.home / "triton"))
+
+
 def _model(settings: ShadowSettings) -> Qwen35:
     if not settings.model:
         raise BadInput("QWEN38_SHADOW_MODEL is empty: the shadow is off")
+    triton_cache(settings)
     import torch
 
     from shadow.backends.qwen35 import Qwen35
@@ -75,7 +85,7 @@ def _disk_kind(settings: ShadowSettings) -> OnOff:
     return "off" if settings.disk.strip().lower() in DISK_OFF else "on"
 
 
-def _disk(settings: ShadowSettings, reader: TorchReader) -> DiskStore:
+def _disk(settings: ShadowSettings, reader: TorchReader, telemetry: Telemetry) -> DiskStore:
     """Parked files under DISK, one folder per model (by weights hash), so models never touch each
     other's sessions."""
     from pathlib import Path
@@ -84,7 +94,7 @@ def _disk(settings: ShadowSettings, reader: TorchReader) -> DiskStore:
 
     root = Path(DEFAULT_DISK if settings.disk == "auto" else settings.disk).expanduser()
     digest = reader.weights_hash
-    return DiskStore(root / digest[:16], reader, digest, max_bytes=int(settings.disk_gb * 2**30))
+    return DiskStore(root / digest[:16], reader, digest, max_bytes=int(settings.disk_gb * 2**30), telemetry=telemetry)
 
 
 def _prompter() -> QwenPrompter:
@@ -94,10 +104,10 @@ def _prompter() -> QwenPrompter:
 
 
 def _shadow(reader: TorchReader, prompter: QwenPrompter, memory: MemoryStore, disk: DiskStore | None,
-            settings: ShadowSettings) -> Shadow:
+            settings: ShadowSettings, telemetry: Telemetry) -> Shadow:
     # Concrete types in, protocols out: the checker verifies each backend against its Protocol here.
     return Shadow(reader, prompter, memory=memory, disk=disk, cap_bytes=int(settings.gb * 2**30),
-                  max_sessions=settings.max_sessions)
+                  max_sessions=settings.max_sessions, telemetry=telemetry)
 
 
 # ---- the service -------------------------------------------------------------------------------
@@ -119,18 +129,27 @@ def _tracer_provider(settings: ShadowSettings) -> Iterator[TracerProvider | None
     yield from tracer_provider(settings)
 
 
-def _telemetry(provider: TracerProvider | None, settings: ShadowSettings) -> Telemetry:
+def _telemetry(provider: TracerProvider | None, settings: ShadowSettings, metrics: Metrics) -> Telemetry:
+    from shadow.adapters.metrics import MeteredTelemetry
     from shadow.adapters.telemetry import telemetry
 
-    return telemetry(provider, settings)
+    return MeteredTelemetry(telemetry(provider, settings), metrics)
+
+
+def _metrics(settings: ShadowSettings) -> Metrics:
+    from shadow.adapters.metrics import Metrics
+
+    return Metrics(settings.grid, int(settings.gb * 2**30))
 
 
 def _slot(settings: ShadowSettings, shadow: Callable[[], Shadow], profiles: Profiles,
-          clock: Callable[[], float]) -> Slot:
+          clock: Callable[[], float], metrics: Metrics) -> Slot:
     from shadow.core.slot import Slot
 
-    return Slot(shadow if settings.on else None, model=settings.model, wanted=profiles.any_on,
+    slot = Slot(shadow if settings.on else None, model=settings.model, wanted=profiles.any_on,
                 shared_with=("narrator",) if settings.shares_narrator_slot else (), clock=clock)
+    metrics.watch(slot.get)  # the gauges read the facade once it is loaded and warmed
+    return slot
 
 
 def _router(settings: ShadowSettings, clock: Callable[[], float], telemetry: Telemetry) -> RouterShadow:
@@ -180,24 +199,26 @@ def _service(settings: ShadowSettings, slot: Slot, activity: HostActivity, profi
 
 class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=ShadowSettings)
+    # what every part reports to: spans (when traces are on) and Prometheus' metrics
+    tracer_provider = providers.Selector(providers.Callable(_trace_kind, settings),
+                                         on=providers.Resource(_tracer_provider, settings),
+                                         off=providers.Object(None))
+    metrics = providers.Singleton(_metrics, settings)
+    telemetry = providers.Singleton(_telemetry, tracer_provider, settings, metrics)
     model = providers.Singleton(_model, settings)
     reader_timer = providers.Object(time.perf_counter)  # what a chunk's cost is measured with (tests inject one)
     reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast, reader_timer)
     prompter = providers.Singleton(_prompter)
     memory = providers.Singleton(_memory)
     disk = providers.Selector(providers.Callable(_disk_kind, settings),
-                              on=providers.Singleton(_disk, settings, reader), off=providers.Object(None))
-    shadow = providers.Singleton(_shadow, reader, prompter, memory, disk, settings)
+                              on=providers.Singleton(_disk, settings, reader, telemetry), off=providers.Object(None))
+    shadow = providers.Singleton(_shadow, reader, prompter, memory, disk, settings, telemetry)
 
     # ---- the service (see the module docstring) ----
     clock = providers.Object(time.monotonic)
     profiles = providers.Singleton(_profiles, settings)
     activity = providers.Singleton(_activity, clock)
-    tracer_provider = providers.Selector(providers.Callable(_trace_kind, settings),
-                                         on=providers.Resource(_tracer_provider, settings),
-                                         off=providers.Object(None))
-    telemetry = providers.Singleton(_telemetry, tracer_provider, settings)
-    slot = providers.Singleton(_slot, settings, shadow.provider, profiles, clock)
+    slot = providers.Singleton(_slot, settings, shadow.provider, profiles, clock, metrics)
     router = providers.Singleton(_router, settings, clock, telemetry)
     idle = providers.Singleton(_idle, slot, activity, telemetry, clock, settings, router)
     ration = providers.Singleton(_ration, slot, activity, telemetry, clock, settings)

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from shadow.core.errors import ShadowError
 from shadow.core.records import ChunkRead, TurnTimeline
-from shadow.core.scheduling import Clock, NullTelemetry, Telemetry, fits, ration_budget
+from shadow.core.scheduling import Clock, NullTelemetry, Telemetry, epoch_ns, fits, ration_budget
 from shadow.core.session import grid_line_at_or_below
 from shadow.core.shadow import Shadow
 from shadow.core.slot import Slot
@@ -266,7 +266,11 @@ class Narrator:
             chunks: list[ChunkRead] = []
             try:
                 at, n_chunks = self._plan(shadow, thought)
+                r0 = epoch_ns()
                 chunks = shadow.read(session, max_chunks=n_chunks) if n_chunks else []
+                r1 = epoch_ns()
+                for c in chunks:  # one span and one count each, as the schedulers' chunks (spans: the read's)
+                    self.telemetry.chunk("narrator", c, shadow.position(session).pending, r0, r1)
                 t1 = time.perf_counter()
                 ids = shadow.decode(session, self.prompt_ids(), self.max_tokens, at=at)
                 shadow.sync()
@@ -290,6 +294,7 @@ class Narrator:
             span.set("shadow.narrator.spent_ms", cost * 1e3)
             span.set("shadow.narrator.waited_rounds", n.waited_rounds)
             span.set("gen_ai.usage.output_tokens", len(ids))
+        self.telemetry.count("narrations")
         with self._mu:
             self.summaries += 1
             self.last.append(n)
@@ -300,6 +305,7 @@ class Narrator:
         with self._mu:  # several requests' threads narrate at once
             book.spent_s += cost
             self.spent_s += cost
+            self.telemetry.count("narrator_seconds", cost)
             self.failed += int(failed)
             self.last_cost_s = cost
             if fork is not None:

@@ -262,6 +262,7 @@ class ShadowService(HostTurns):
                 return self._result(None, session, behind_at_start=behind)
         before = self._position(shadow, session)
         shadow.feed_prompt(session, prompt)
+        self.telemetry.observe("behind_at_turn_start_ids", before.pending if before else 0)
         out = self._result(shadow, session, behind_at_start=before.pending if before else None)
         after = self._position(shadow, session) or Position()
         out.rollback = after.rollbacks > (before.rollbacks if before else 0)

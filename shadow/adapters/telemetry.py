@@ -5,9 +5,10 @@ exists, ``shadow.*`` are this project's):
 
 - ``shadow.chunk``: one whole chunk read. ``gen_ai.conversation.id`` (the session),
   ``gen_ai.request.model``, ``gen_ai.usage.input_tokens`` (rows read), ``shadow.chunk.first_row``,
-  ``shadow.chunk.rows``, ``shadow.window`` (``idle`` or ``ration``), ``shadow.chunk.device_ms``
-  (the reader's measured cost, which already includes its device sync), ``shadow.backlog_after``
-  (ids of the session still not read). Its start and end are the wall clock around the read.
+  ``shadow.chunk.rows``, ``shadow.window`` (``idle``, ``ration``; ``narrator`` or ``ask``: a fork's
+  tail, read first), ``shadow.chunk.device_ms`` (the reader's measured cost, which already includes
+  its device sync), ``shadow.backlog_after`` (ids of the session still not read). Its start and
+  end are the wall clock around the read.
 - ``shadow.ration``: one ration slice, parent of its chunks: ``shadow.ration.budget_ms``,
   ``shadow.ration.spent_ms``, ``shadow.ration.chunks``, ``shadow.ration.since_first_token_ms``.
 - ``shadow.window``: one idle window, parent of its chunks: ``shadow.window.budget_ms``,
@@ -176,6 +177,12 @@ class SpanTelemetry:
             attrs.update(attributes)
         span = self.tracer.start_span("shadow.chunk", start_time=start_ns, attributes=attrs)
         span.end(end_time=max(end_ns, start_ns))
+
+    def count(self, name: str, value: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        pass  # metrics are ``shadow.adapters.metrics``' (the container wraps this telemetry in them)
+
+    def observe(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
+        pass
 
 
 def telemetry(provider: TracerProvider | None, settings: ShadowSettings) -> Telemetry:

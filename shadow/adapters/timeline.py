@@ -85,3 +85,16 @@ def replay_timeline(host: Host, session: str, turns: Sequence[Turn], grid: int, 
         rep.turn = host.finished(rid)
         reports.append(rep)
     return reports
+
+
+# What a user's chunk costs: the 0.8B, bf16, on an H200, a 512-row chunk at depth 0
+# (benchmarks/results/read_rate-2026-12-01_ce5f57a.json: 2.80 ms).
+USER_CHUNK_S = 0.0028
+
+
+def demo_stretch(chunk_s: float, session_s: float, within_s: float, user_chunk_s: float = USER_CHUNK_S) -> float:
+    """How much slower than its real pace to replay a session so that the reader keeps up with it
+    as it would for a user: the chunk cost measured here over the user's, never faster than the
+    real pace, and at most what keeps the replay within ``within_s``."""
+    most = max(1.0, within_s / session_s) if session_s > 0 else 1.0
+    return min(max(1.0, chunk_s / user_chunk_s), most)

@@ -69,6 +69,7 @@ from litestar.status_codes import (
     HTTP_503_SERVICE_UNAVAILABLE,
 )
 
+from shadow.adapters.metrics import Metrics
 from shadow.adapters.narrator import Narration
 from shadow.adapters.service import Narrated, ShadowService, ShadowUnavailable
 from shadow.adapters.status import Status
@@ -80,6 +81,7 @@ from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, Tu
 from . import models
 from .guard import Guard
 from .models import Arrived, AskBody, Chat, HoldBody, NarrateBody, Output, Prompt, RequestRef, Round, Started
+from .operators import OperatorController, template_config
 from .responses import Hold, Problem
 
 # what the routes answer: the layers' records as they are (their schemas are msgspec's, see below)
@@ -353,8 +355,10 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
         return service
 
     app = Litestar(
-        route_handlers=[ShadowController, FeedController, HostController],
-        dependencies={"service": Provide(provide_service, sync_to_thread=False)},
+        route_handlers=[ShadowController, FeedController, HostController, OperatorController],
+        dependencies={"service": Provide(provide_service, sync_to_thread=False),
+                      "metrics": Provide(lambda: container.metrics(), sync_to_thread=False)},
+        template_config=template_config(),
         lifespan=[lifespan],
         exception_handlers={
             HTTPException: _http_problem,
@@ -374,10 +378,10 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
         openapi_config=OpenAPIConfig(
             title="shadow", version=VERSION, path="/schema",
             description="A small Qwen3.5 that follows every session a served Qwen holds, read on a grid.",
-            tags=[Tag(name="shadow"), Tag(name="feeding"), Tag(name="host")],
+            tags=[Tag(name="shadow"), Tag(name="feeding"), Tag(name="host"), Tag(name="operators")],
             render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
         ),
-        signature_namespace={"ShadowService": ShadowService},
+        signature_namespace={"ShadowService": ShadowService, "Metrics": Metrics},
         debug=False,
     )
     _exact_components(app)

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import hmac
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 
 from shadow.core.settings import ShadowSettings
 
+from .operators import OPERATOR_PATHS, PAGE_PATHS, TOKEN_COOKIE
 from .responses import Problem
+from .server import is_loopback
 
 BODY_METHODS = {b"POST", b"PUT", b"PATCH"}
 TOKEN_HEADER = b"x-shadow-token"
@@ -46,6 +49,27 @@ class Guard:
         self.hosts = settings.hosts
         self.origins = settings.origins
         self.token = settings.token.encode()
+        self.metrics_public = settings.metrics_public
+
+    def _exempt(self, scope: Any) -> bool:
+        """Open without the token: the live page (it holds no data: it asks for the token), and with
+        ``METRICS_PUBLIC`` the operators' paths for a client on loopback."""
+        if scope.get("method") not in ("GET", "HEAD"):
+            return False
+        path = scope.get("path", "")
+        if path in PAGE_PATHS:
+            return True
+        client = scope.get("client") or ("",)
+        return self.metrics_public and path in OPERATOR_PATHS and is_loopback(str(client[0]))
+
+    @staticmethod
+    def _cookie(headers: dict[bytes, bytes]) -> bytes:
+        """The page's token cookie (a browser's ``EventSource`` cannot send a header)."""
+        for part in headers.get(b"cookie", b"").split(b";"):
+            name, _, value = part.strip().partition(b"=")
+            if name == TOKEN_COOKIE.encode():
+                return unquote(value.decode("latin-1")).encode("latin-1", "replace")
+        return b""
 
     def refusal(self, scope: Any) -> tuple[int, str] | None:
         headers: dict[bytes, bytes] = {}
@@ -55,7 +79,7 @@ class Guard:
         if "*" not in self.hosts and host not in self.hosts:
             return 400, (f"Host {host!r} is not one this service answers to ({', '.join(sorted(self.hosts))}; "
                          "QWEN38_SHADOW_ALLOWED_HOSTS adds names)")
-        if self.token and (refused := self._token(headers)) is not None:
+        if self.token and not self._exempt(scope) and (refused := self._token(headers, scope)) is not None:
             return 401, refused
         origin = headers.get(b"origin")
         if origin is not None:
@@ -70,9 +94,11 @@ class Guard:
                 return 415, f"the body must be application/json (Content-Type: {shown})"
         return None
 
-    def _token(self, headers: dict[bytes, bytes]) -> str | None:
+    def _token(self, headers: dict[bytes, bytes], scope: Any) -> str | None:
         """Why the request's token is refused, or None."""
         own = headers.get(TOKEN_HEADER)
+        if own is None and b"authorization" not in headers and scope.get("method") in ("GET", "HEAD"):
+            own = self._cookie(headers) or None  # reads only: a cross-site page never gets a SameSite cookie
         if own is not None:
             return None if hmac.compare_digest(own.strip(), self.token) else "a wrong X-Shadow-Token"
         if not self.bearer:

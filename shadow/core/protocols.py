@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 from .records import Answer, ChunkRead, TurnTimeline
 from .session import Position, SessionBook
 
-Window = Literal["idle", "ration"]
+Window = Literal["idle", "ration", "narrator", "ask"]  # who read a chunk (the last two: a fork's tail)
 
 
 class Reader(Protocol):
@@ -178,3 +178,11 @@ class Telemetry(Protocol):
 
     def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
               attributes: Mapping[str, Any] | None = None) -> None: ...
+
+    def count(self, name: str, value: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        """Add ``value`` to the counter ``name`` (``shadow.adapters.metrics.COUNTERS``), where it happened."""
+        ...
+
+    def observe(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
+        """One observation of the histogram ``name`` (``shadow.adapters.metrics.HISTOGRAMS``)."""
+        ...

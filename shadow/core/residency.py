@@ -25,13 +25,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import BadInput, StoreError, UnknownSession
-from .protocols import StateStore
+from .protocols import StateStore, Telemetry
 from .records import Bounds
 from .session import Position, SessionBook
 
@@ -59,8 +60,9 @@ class _Entry:
 class Residency:
     def __init__(self, grid: int, new_tensors: Callable[[], Any], clock: Callable[[], float], *,
                  memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
-                 max_sessions: int | None = None) -> None:
+                 max_sessions: int | None = None, telemetry: Telemetry | None = None) -> None:
         self.grid = grid
+        self.telemetry = telemetry  # parks and restores, counted and timed
         self.new_tensors = new_tensors
         self.clock = clock
         self.memory = memory
@@ -183,8 +185,10 @@ class Residency:
         if held is not None:
             return held
         # peek, not take: the file stays as what a crash falls back to, until a newer park replaces it
+        t0 = time.perf_counter()
         got = self.disk.peek(name) if self.disk is not None and entry.where == "parked" else None
         if got is not None:
+            self._timed("restore", t0)
             parked_book, tensors = got
             book = entry.book if entry.book is not None else parked_book
         else:
@@ -206,7 +210,9 @@ class Residency:
         entry = self._known[name]
         if self.disk is not None:
             try:
+                t0 = time.perf_counter()
                 self.disk.put(name, book, tensors)
+                self._timed("park", t0)
                 entry.where, entry.book = "parked", None  # the ids live in the file until restored
                 return
             except StoreError as err:
@@ -214,6 +220,11 @@ class Residency:
                 self.last_store_error = str(err)
         book.reset_for_reread()
         entry.where, entry.awaits_use = "dropped", True
+
+    def _timed(self, what: str, t0: float) -> None:
+        if self.telemetry is not None:
+            self.telemetry.count(what + "s")
+            self.telemetry.observe(what + "_seconds", time.perf_counter() - t0)
 
     def bytes_resident(self, session: str) -> int:
         with self.lock:

@@ -57,6 +57,12 @@ class NullTelemetry:
               attributes: Mapping[str, Any] | None = None) -> None:
         pass
 
+    def count(self, name: str, value: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        pass
+
+    def observe(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
+        pass
+
 
 class AskSpan:
     """The ``shadow.ask`` span of one question, whoever asks it (a host, the router)."""

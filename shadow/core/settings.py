@@ -74,6 +74,8 @@ class ShadowSettings(BaseSettings):
     max_holds: int = Field(64, description="holds live at once; one more is refused (429)")
     max_hold_s: float = Field(MAX_HOLD_S, description=f"longest time to live of a hold, seconds (at most "
                                                       f"{MAX_HOLD_S:g}, which the API's schema states)")
+    metrics_public: bool = Field(False, description="/metrics, /health and /ready answer clients on loopback "
+                                                    "without the token (a scraper beside the service)")
     max_session_ids: int = Field(2_000_000, description="most ids one session holds; a feed beyond is refused (400)")
     max_sessions: int = Field(1000, description="sessions known at once; beyond, the least recently used is "
                                                 "forgotten (logged, counted in status)")

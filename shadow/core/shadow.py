@@ -20,7 +20,7 @@ from typing import Any
 
 from .costs import ChunkCosts, fits
 from .errors import BadInput, UnknownSession
-from .protocols import Prompter, Reader, StateStore
+from .protocols import Prompter, Reader, StateStore, Telemetry, Window
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
 from .residency import Residency
 from .session import Position, first_difference
@@ -41,13 +41,14 @@ class Shadow:
 
     def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic, *,
                  memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
-                 max_sessions: int | None = None) -> None:
+                 max_sessions: int | None = None, telemetry: Telemetry | None = None) -> None:
         self.reader = reader
+        self.telemetry = telemetry  # counts rollbacks, questions and a fork's tail chunks where they happen
         self.prompter = prompter
         self.clock = clock
         self.grid = reader.grid
         self.residency = Residency(reader.grid, reader.new_session, clock, memory=memory, disk=disk,
-                                   cap_bytes=cap_bytes, max_sessions=max_sessions)
+                                   cap_bytes=cap_bytes, max_sessions=max_sessions, telemetry=telemetry)
         self._lock = self.residency.lock
         self.costs = ChunkCosts()  # what a pass costs, by batch size and depth: every plan reads it
         self._ready: set[str] = set()  # sessions with a whole chunk pending (a superset: see ``ready``)
@@ -118,6 +119,9 @@ class Shadow:
             rollback = book.feed_prompt(prompt)
             if rollback is not None:
                 self.reader.roll_back(tensors, rollback.resume_at)
+                if self.telemetry is not None:
+                    self.telemetry.count("rollbacks")
+                    self.telemetry.count("ids_reread", rollback.reread)
             self.reader.checkpoint_if_due(book, tensors)
             self._mark(session)
 
@@ -194,6 +198,8 @@ class Shadow:
         with self._lock:
             self.reader.warm_up()
             self.reader.fresh([0] * self.grid)
+            self.prompter.question_ids("?")  # the chat template and the tokenizer, loaded before a question
+            self.prompter.single_token("A")
 
     def read(self, session: str | None = None, budget_s: float | None = None, max_chunks: int | None = None, *,
              first: Sequence[str] = (), stop: Callable[[], bool] | None = None, on_pass: OnPass | None = None,
@@ -292,14 +298,17 @@ class Shadow:
                 self._lowest = (self._changes, min(depths) if depths else None)
             return self._lowest[1]
 
-    def _read_tail(self, name: str, book: Any, tensors: Any, upto: int | None = None) -> None:
+    def _read_tail(self, name: str, book: Any, tensors: Any, window: Window, upto: int | None = None) -> None:
         """Read the pending tail's whole chunks (below ``upto``) through the normal path before a
         fork: they are on the grid, so they are committed, exact and not wasted, and the fork then
         covers less than one chunk of the session (no attention over a long tail at once)."""
         end = len(book.ids) if upto is None else upto
         while end - book.committed >= self.grid:
-            depth = book.committed
-            self.costs.record([depth], self.reader.read_chunk(book, tensors))
+            depth, t0 = book.committed, time.time_ns()
+            cost = self.reader.read_chunk(book, tensors)
+            self.costs.record([depth], cost)
+            if self.telemetry is not None:
+                self.telemetry.chunk(window, ChunkRead(name, depth, self.grid, cost), book.pending, t0, time.time_ns())
         self._mark(name)
 
     # ---- asking --------------------------------------------------------------------------
@@ -346,12 +355,16 @@ class Shadow:
                     raise BadInput(f"cannot ask at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
                 behind = (len(book.ids) if at is None else at) - book.committed
-                self._read_tail(session, book, tensors, upto=at)
+                self._read_tail(session, book, tensors, "ask", upto=at)
                 logits = self.reader.fork_logits(book, tensors, q, upto=at)
                 probs = self.reader.probabilities(logits, tokens)
         best = max(range(len(choices)), key=lambda i: probs[i])
+        took = time.perf_counter() - t0
+        if self.telemetry is not None:
+            self.telemetry.count("questions")
+            self.telemetry.observe("question_seconds", took)
         return Answer(session=session, label=choices[best], probs=dict(zip(choices, probs, strict=True)),
-                      behind=behind, latency_ms=(time.perf_counter() - t0) * 1e3)
+                      behind=behind, latency_ms=took * 1e3)
 
     def decode(self, session: str, prompt: str | Sequence[int], max_new: int = 64,
                at: int | None = None) -> list[int]:
@@ -367,7 +380,7 @@ class Shadow:
                 if at is not None and not book.committed <= at <= len(book.ids):
                     raise BadInput(f"cannot decode at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
-                self._read_tail(session, book, tensors, upto=at)
+                self._read_tail(session, book, tensors, "narrator", upto=at)
                 return self.reader.fork_decode(book, tensors, ids, max_new, self.prompter.stop_ids, upto=at)
 
     # ---- state -------------------------------------------------------------------------

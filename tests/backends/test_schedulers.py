@@ -48,6 +48,12 @@ class ArriveAfter:
         if self.n == self.k and self.activity is not None:
             self.activity.record_arrived("came-in")
 
+    def count(self, name: str, value: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        self.inner.count(name, value, labels)
+
+    def observe(self, name: str, value: float, labels: Mapping[str, str] | None = None) -> None:
+        self.inner.observe(name, value, labels)
+
 
 # ---- the slot --------------------------------------------------------------------------------------
 

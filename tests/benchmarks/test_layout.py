@@ -15,7 +15,7 @@ from benchmarks.common import keep_newest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 # what a user runs; the other top-level modules are their parts (each says whose)
-USER_SCRIPTS = ("read_rate", "freshness", "ab_cost", "spans", "concurrency", "soak")
+USER_SCRIPTS = ("read_rate", "freshness", "ab_cost", "spans", "concurrency", "soak", "warm_start")
 
 
 def _docstring(path: Path) -> str:

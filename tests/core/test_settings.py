@@ -44,6 +44,7 @@ SAMPLES = {
     "allowed_origins": ("https://app.example", "https://app.example"),
     "allowed_hosts": ("shadow.lan,*", "shadow.lan,*"),
     "max_holds": ("8", 8),
+    "metrics_public": ("true", True),
     "max_hold_s": ("60", 60.0),
     "max_session_ids": ("100000", 100000),
     "max_sessions": ("500", 500),

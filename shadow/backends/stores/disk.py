@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from shadow.core.errors import StoreError
-from shadow.core.protocols import Reader, Stored
+from shadow.core.protocols import Reader, Stored, Telemetry
 from shadow.core.session import Position, SessionBook
 
 from . import parked
@@ -66,9 +66,22 @@ def _claim(root: Path) -> tuple[Path, int]:
                      f"process: set QWEN38_SHADOW_DISK to a folder of this process's own, or to off")
 
 
+# a refusal's message -> its bounded reason (a metric's label): the messages below start so
+REASONS = (("unreadable", "unreadable"), ("bad file", "unreadable"), ("format is", "format"),
+           ("weights_hash is", "weights"), ("grid is", "grid"), ("dtype is", "dtype"), ("bad metadata", "metadata"),
+           ("checksum", "checksum"), ("a valid file, but not the last park", "not_last_park"),
+           ("holds session", "session"), ("ids outside", "vocabulary"), ("does not fit", "model"))
+
+
+def refusal_reason(why: str) -> str:
+    return next((reason for start, reason in REASONS if why.startswith(start)), "other")
+
+
 class DiskStore:
     def __init__(self, root: str | Path, reader: Reader, weights_hash: str, *, max_bytes: int,
-                 ttl_s: float = 48 * 3600, clock: Callable[[], float] = time.time) -> None:
+                 ttl_s: float = 48 * 3600, clock: Callable[[], float] = time.time,
+                 telemetry: Telemetry | None = None) -> None:
+        self.telemetry = telemetry  # refusals counted by reason
         self.asked_root = Path(root)
         self.root, fd = _claim(self.asked_root)
         self._unlock = weakref.finalize(self, os.close, fd)  # closing the descriptor lets go of the lock
@@ -97,6 +110,8 @@ class DiskStore:
     def _refuse(self, path: Path, why: str) -> None:
         self.refused.append((path.name, why))
         path.unlink(missing_ok=True)
+        if self.telemetry is not None:
+            self.telemetry.count("parked_files_refused", 1, {"reason": refusal_reason(why)})
 
     def _header(self, path: Path) -> dict[str, str] | None:
         """The file's metadata, every field checked, or None when it is refused (and removed)."""

@@ -5,7 +5,7 @@ the CPU (``tests/proxy/engine.py``), the proxy following with the tiny shadow in
 alternate direct / proxied, the same body each time and no X-Session-Id (the proxy finds the
 session by its prompt, as for a client without the header).
 
-    python -m benchmarks.proxy_overhead [--requests 30] [--out DIR]   # needs ../shared/data
+    python -m benchmarks.probes.proxy_overhead [--requests 30] [--out DIR]   # needs ../shared/data
 """
 
 from __future__ import annotations
