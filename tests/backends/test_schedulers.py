@@ -175,7 +175,7 @@ def test_over_the_cap_without_a_disk_the_idle_window_goes_quiet(checkpoint, tmp_
 # ---- the ration ------------------------------------------------------------------------------------
 
 def test_the_ration_spends_at_most_its_share_in_slices_prompt_then_output(checkpoint, tmp_path, clock, spans):
-    c, svc = loaded(checkpoint, tmp_path, clock, spans, ration_scope="turn")  # the first design: per turn
+    c, svc = loaded(checkpoint, tmp_path, clock, spans, ration_scope="turn", ration=0.02)  # the first design
     svc.feed_prompt("other", ids(6 * GRID, 7))  # another session's backlog: not this turn's to read
     prompt = ids(30 * GRID + 20, 1)
     svc.started("r1", "s", prompt)

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from shadow.core.host import HostActivity, TurnTimeline
-from shadow.core.scheduling import SHARE, SLICE_S, Clock, NullTelemetry, Telemetry, Window, fits, ration_budget
+from shadow.core.scheduling import DEVICE_SHARE, SLICE_S, Clock, NullTelemetry, Telemetry, Window, fits, ration_budget
 from shadow.core.shadow import ChunkRead, Shadow
 from shadow.core.slot import Slot
 
@@ -45,7 +45,7 @@ class RationedScheduler:
     window: Window = "ration"
 
     def __init__(self, slot: Slot, activity: HostActivity, telemetry: Telemetry | None = None,
-                 clock: Clock = time.monotonic, share: float = SHARE, slice_s: float = SLICE_S,
+                 clock: Clock = time.monotonic, share: float = DEVICE_SHARE, slice_s: float = SLICE_S,
                  sync: Callable[[], None] | None = None, scope: Scope = "device") -> None:
         if scope not in ("device", "turn"):
             raise ValueError(f"scope must be device or turn, got {scope!r}")
