@@ -376,23 +376,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     costs = pass_costs(rate_file, args.rate_model)
     print(f"concurrency: chunk costs from {costs.source}", file=sys.stderr)
     sessions, skipped = load(args.raw, args.only, args.decode_tps)
-    rows = []
-    for n in args.agents:
-        for text in args.policies:
-            run = replay(sessions, parse_policy(text), costs, Knobs2(n, args.minutes, seed=args.seed))
-            rows.append(run.row(512))
-            print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(table(rows))
     doc = {
         "benchmark": "concurrency", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "commit": at, "device": "simulated (costs: see chunk_cost)", "simulated": True, "note": NOTE,
+        # the device whose measured costs the replay charges (it runs on the CPU, on a simulated clock)
+        "gpu": json.loads(rate_file.read_text(encoding="utf-8")).get("gpu", "unknown"),
         "chunk_cost": costs.source, "batch_costs_measured": costs.max_batch > 1, "max_batch": costs.max_batch,
         "minutes": args.minutes, "decode_tps": args.decode_tps, "round_ids": 8, "grid": 512, "seed": args.seed,
         "counted": "turn starts after each session's first; fresh: less than one grid chunk behind",
-        "sessions": [s.name for s in sessions], "skipped": skipped, "rows": rows,
+        "sessions": [s.name for s in sessions], "skipped": skipped, "rows": [],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    for n in args.agents:
+        for text in args.policies:
+            run = replay(sessions, parse_policy(text), costs, Knobs2(n, args.minutes, seed=args.seed))
+            doc["rows"].append(run.row(512))
+            print(table(doc["rows"][-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+            args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")  # a long run keeps what it has
+    rows = doc["rows"]
+    print(table(rows))
     print(f"wrote {args.out}", file=sys.stderr)
     if not args.no_plot and plot(rows, args.out.with_suffix(".png")):
         print(f"wrote {args.out.with_suffix('.png')}", file=sys.stderr)

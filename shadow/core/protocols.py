@@ -136,8 +136,9 @@ class Scheduler(Protocol):
 
 class Ration(Scheduler, Protocol):
     """The scheduler that reads between a request's decode rounds. ``may_read`` is its ``step``'s
-    own test, without reading: whether a step now could read a chunk of the turn's session, given a
-    bound on its backlog (the service leaves a round quiet when it could not)."""
+    own test, without reading: whether a step now could read a chunk, given a bound on the turn's
+    session's backlog (per turn: of that session; device-wide: of it or of any session the device's
+    ration reads, within the device's budget). The service leaves a round quiet when it could not."""
 
     def may_read(self, turn: TurnTimeline, backlog: int, grid: int, budget: float | None = None) -> bool: ...
 

@@ -32,7 +32,7 @@ def wait_for(ready: Any, timeout: float = 120.0) -> None:
 def test_costs_per_turn_and_per_run_from_a_real_span_file(checkpoint: Path, tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     settings = make_settings(checkpoint, tmp_path, grid=GRID, trace="jsonl", trace_file=str(trace),
-                             idle_poll_s=0.05, idle_window_s=2.0)
+                             idle_poll_s=0.05, idle_window_s=2.0, ration_scope="turn", ration=0.02)
     turns = render_turns(demo_transcript())
     with BackgroundServer(create_app(make_container(settings))) as server, ShadowClient(server.url) as host:
         wait_for(lambda: host.status().slot.state == "loaded")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from dependency_injector import providers
 
 from shadow.adapters.service import ShadowUnavailable
@@ -180,7 +181,7 @@ def test_over_the_cap_without_a_disk_the_idle_window_goes_quiet(checkpoint, tmp_
 # ---- the ration ------------------------------------------------------------------------------------
 
 def test_the_ration_spends_at_most_its_share_in_slices_prompt_then_output(checkpoint, tmp_path, clock, spans):
-    c, svc = loaded(checkpoint, tmp_path, clock, spans, ration_scope="turn")  # the first design: per turn
+    c, svc = loaded(checkpoint, tmp_path, clock, spans, ration_scope="turn", ration=0.02)  # the first design
     svc.feed_prompt("other", ids(6 * GRID, 7))  # another session's backlog: not this turn's to read
     prompt = ids(30 * GRID + 20, 1)
     svc.started("r1", "s", prompt)
@@ -324,3 +325,23 @@ def test_a_quiet_device_wide_round_looks_when_another_session_has_a_chunk_to_rea
     assert ration.may_read(turn, GRID // 2, GRID)  # its own session is fresh, another is not
     assert svc.round_ended("r1", [5]).chunks == 1  # the look reads the other session
     assert svc.status().sessions["other"].committed == GRID
+
+
+def test_the_idle_window_reads_in_batches_and_each_session_ends_as_a_fresh_prefill(checkpoint, tmp_path, clock, spans):
+    """A reader that takes four sessions a pass: the idle window reads three sessions at different
+    depths together, and each ends bit for bit as a fresh prefill of its ids (with the batched
+    forward in place of the reader's loop, this is its promise through the service)."""
+    c = make_container(make_settings(checkpoint, tmp_path), clock, spans)
+    reader = c.reader()
+    reader._eager_batch = 4  # the torch forward reads a pass's sessions one after the other
+    svc = c.service()
+    svc.idle_step()  # the load
+    for i, chunks in enumerate((1, 3, 5)):
+        svc.feed_prompt(f"s{i}", ids(chunks * GRID + 7, i))
+    read = svc.idle_step()
+    assert [ch.batch for ch in read] == [3, 3, 3, 2, 2, 2, 2, 1, 1]  # passes of 3, 2, 2, 1, 1
+    assert [s.attributes["shadow.chunk.batch"] for s in spans.chunks("idle")] == [ch.batch for ch in read]
+    sh = c.shadow()
+    for i in range(3):
+        got, want = sh.export_state(f"s{i}"), sh.fresh_state(sh.session_ids(f"s{i}"))
+        assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), f"s{i}"

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from shadow.core.host import HostActivity, TurnTimeline
 from shadow.core.records import ChunkRead
-from shadow.core.scheduling import SHARE, SLICE_S, Clock, NullTelemetry, Telemetry, Window, fits, ration_budget
+from shadow.core.scheduling import DEVICE_SHARE, SLICE_S, Clock, NullTelemetry, Telemetry, Window, fits, ration_budget
 from shadow.core.shadow import Shadow
 from shadow.core.slot import Slot
 
@@ -46,7 +46,7 @@ class RationedScheduler:
     window: Window = "ration"
 
     def __init__(self, slot: Slot, activity: HostActivity, telemetry: Telemetry | None = None,
-                 clock: Clock = time.monotonic, share: float = SHARE, slice_s: float = SLICE_S,
+                 clock: Clock = time.monotonic, share: float = DEVICE_SHARE, slice_s: float = SLICE_S,
                  sync: Callable[[], None] | None = None, scope: Scope = "device") -> None:
         if scope not in ("device", "turn"):
             raise ValueError(f"scope must be device or turn, got {scope!r}")
