@@ -1,7 +1,8 @@
 """What ``shadow proxy`` adds to a request: the time to the first byte and to the last, straight to
 the engine and through the proxy, on a real turn of about 2k ids (a mini-swe-agent session's fourth
 request, streamed, ``max_tokens`` 16) against ``transformers serve`` serving the tiny checkpoint on
-the CPU (``tests/proxy/engine.py``), the proxy following with the tiny shadow in process. Requests
+the CPU (``tests/proxy/engine.py``), and ``shadow proxy`` in a process of its own following with the
+tiny shadow (as deployed: a client in the proxy's process would share its interpreter). Requests
 alternate direct / proxied, the same body each time and no X-Session-Id (the proxy finds the
 session by its prompt, as for a client without the header).
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,12 +53,8 @@ def main() -> None:
     import torch
 
     from shadow.adapters.transcripts import load_transcript, render_turns
-    from shadow.api.server import BackgroundServer
     from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
-    from shadow.container import build_container
-    from shadow.core.settings import ShadowSettings
-    from shadow.proxy import create_proxy_app
-    from tests.proxy.engine import Engine, engine_folder
+    from tests.proxy.engine import Engine, engine_folder, free_port
 
     path, index, turn = SESSION
     transcript = load_transcript(Path("../shared/data/sessions/raw") / path)[index]
@@ -65,28 +65,36 @@ def main() -> None:
     engine = Engine(folder, home / "serve.log")
     engine.start()
     write_checkpoint(home / "shadow", demo_text_config(), dtype=torch.float32, seed=0)
-    settings = ShadowSettings(_env_file=None, model=str(home / "shadow"), device="cpu", dtype="float32", grid=512,
-                              disk="off", dir=str(home))
-    proxy = create_proxy_app(engine.url, build_container(settings), timeout_s=300.0, engine="transformers")
-    front = BackgroundServer(proxy, server_header=False, date_header=False)
-    front.start()
+    port = free_port()
+    env = {**os.environ, "QWEN38_SHADOW_MODEL": str(home / "shadow"), "QWEN38_SHADOW_DEVICE": "cpu",
+           "QWEN38_SHADOW_DTYPE": "float32", "QWEN38_SHADOW_DISK": "off", "QWEN38_SHADOW_DIR": str(home)}
+    exe = Path(sys.executable).with_name("shadow")
+    front = subprocess.Popen([str(exe), "proxy", "--upstream", engine.url, "--port", str(port), "--engine",
+                              "transformers", "--env-file", str(home / "none.env"), "--log-level", "warning"], env=env)
+    front_url = f"http://127.0.0.1:{port}"
     body = {"model": str(folder), "messages": req.messages, "tools": req.tools, "stream": True, "max_tokens": 16}
     if not req.tools:
         del body["tools"]
     times: dict[str, list[tuple[float, float]]] = {"direct": [], "proxy": []}
     try:
-        while proxy.host.slot.state != "loaded":
-            time.sleep(0.1)
         with httpx.Client(timeout=300.0) as client:
-            for url in (engine.url, front.url):  # warm both paths once
+            while True:
+                try:
+                    if client.get(front_url + "/v1/conductor/shadow/status").json()["slot"]["state"] == "loaded":
+                        break
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                time.sleep(0.2)
+            for url in (engine.url, front_url):  # warm both paths once
                 _timed(client, url, body)
             for _ in range(args.requests):
                 times["direct"].append(_timed(client, engine.url, body))
-                times["proxy"].append(_timed(client, front.url, body))
+                times["proxy"].append(_timed(client, front_url, body))
     finally:
-        front.stop()
+        front.terminate()
+        front.wait(30)
         engine.stop()
-    out: dict[str, Any] = {"environment": environment(), "prompt_ids": prompt_ids, "requests": args.requests}
+    out: dict[str, Any] = {**environment(), "prompt_ids": prompt_ids, "requests": args.requests}
     for name, xs in times.items():
         out[name] = {"first_byte": _summary([a for a, _ in xs]), "total": _summary([b for _, b in xs])}
     out["added_median_ms"] = {k: out["proxy"][k]["median_ms"] - out["direct"][k]["median_ms"]
