@@ -203,13 +203,16 @@ class Shadow:
 
     def read(self, session: str | None = None, budget_s: float | None = None, max_chunks: int | None = None, *,
              first: Sequence[str] = (), stop: Callable[[], bool] | None = None, on_pass: OnPass | None = None,
-             first_pass_free: bool = False) -> list[ChunkRead]:
+             first_pass_free: bool = False, whole: bool = False) -> list[ChunkRead]:
         """Read whole chunks now, in passes of up to ``reader.max_batch`` sessions (one chunk each):
         of ``session`` alone (a use), or of every session with a whole chunk pending but those
         dropped and not used since: those of ``first`` (uses: the turns in flight) nearest to fresh
         first, then the rest most recently used first. A pass starts only while its estimated cost (``costs``)
         still fits ``budget_s`` (the first pass, with ``first_pass_free``, always) and ``stop()`` is
-        false; ``on_pass(chunks, estimate, start_ns, end_ns)`` follows each pass. This is the loop:
+        false; with ``whole`` a pass takes the line's whole head (up to ``max_batch``) or waits for the
+        budget to cover it, rather than reading fewer sessions now (a batch costs less per session:
+        the device-wide ration's way to spend its share on throughput); ``on_pass(chunks, estimate,
+        start_ns, end_ns)`` follows each pass. This is the loop:
         the schedulers give it a budget and the sessions to favour, and do not repeat it."""
         spent, done = 0.0, list[ChunkRead]()
         with self._lock:
@@ -221,7 +224,7 @@ class Shadow:
                                                                             max_chunks - len(done))
                 line = self._line(session, first)[:max(0, most)]
                 budget = None if budget_s is None or (first_pass_free and not done) else budget_s
-                names, estimate = self._fitting(line, spent, budget)
+                names, estimate = self._fitting(line, spent, budget, whole)
                 if not names:
                     break
                 chunks, start_ns, end_ns = self._read_pass(names, uses)
@@ -247,9 +250,11 @@ class Shadow:
         rest = sorted((n for n in pending if n not in favoured), key=lambda n: (-self._last_used(n), n))
         return ahead + rest
 
-    def _fitting(self, line: list[str], spent: float, budget: float | None) -> tuple[list[str], float | None]:
-        """The longest head of ``line`` whose pass's estimate fits what is left of ``budget``."""
-        for n in range(len(line), 0, -1):
+    def _fitting(self, line: list[str], spent: float, budget: float | None,
+                 whole: bool = False) -> tuple[list[str], float | None]:
+        """The longest head of ``line`` whose pass's estimate fits what is left of ``budget`` (with
+        ``whole``, the whole line or nothing)."""
+        for n in range(len(line), len(line) - 1 if whole else 0, -1):
             estimate = self.costs.estimate([self.residency.counts(s)[1] for s in line[:n]])
             if budget is None or fits(spent, estimate, budget):
                 return line[:n], estimate

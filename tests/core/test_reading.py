@@ -122,6 +122,22 @@ def test_a_pass_shrinks_until_its_estimate_fits_what_is_left_of_the_budget() -> 
     assert fits(0.0, None, 0.001) and not fits(0.001, None, 1.0) and not fits(0.0, 0.0, 0.0)
 
 
+def test_a_whole_read_takes_the_lines_whole_head_or_waits_for_the_budget_to_cover_it() -> None:
+    clock = FakeClock()
+    reader = CostedReader(max_batch=4, base=0.010, per_row=0.0, share=0.5)
+    sh = facade(reader, clock)
+    fed(sh, clock, {"a": 2, "b": 2, "c": 2, "d": 2})
+    sh.read(max_chunks=4)  # measured: 5 ms a session at batch 4
+    # 20 ms for the four: a 15 ms budget reads nothing whole (a pass of two would have fitted)
+    assert sh.read(budget_s=0.015, first=["a", "b", "c", "d"], whole=True) == []
+    assert reader.passes[-1] == reader.passes[0]
+    got = sh.read(budget_s=0.020, first=["a", "b", "c", "d"], whole=True)
+    assert [c.batch for c in got] == [4, 4, 4, 4] and len(reader.passes) == 2
+    # a line shorter than max_batch is the whole head: one session ready reads alone
+    sh.feed_output("a", [1] * GRID)
+    assert [c.batch for c in sh.read(budget_s=0.050, whole=True)] == [1]
+
+
 def test_the_first_pass_may_be_free_and_stop_is_asked_before_every_pass() -> None:
     clock = FakeClock()
     reader = CostedReader(max_batch=1, base=0.010)

@@ -136,7 +136,8 @@ class RationedScheduler:
 
         if self.scope == "turn":
             return shadow.read(turn.session, budget_s=budget, on_pass=on_pass)
-        return shadow.read(first=self.activity.sessions_in_flight(), budget_s=budget, on_pass=on_pass)
+        # whole passes: with many sessions ready the share buys more ids in batches than read alone
+        return shadow.read(first=self.activity.sessions_in_flight(), budget_s=budget, on_pass=on_pass, whole=True)
 
     def _charge(self, turn: TurnTimeline, chunks: list[ChunkRead], budget: float) -> float:
         """The slice's cost: off the device's bank, onto the turn whose round it ran at."""
