@@ -60,6 +60,10 @@ class Shadow:
                                    cap_bytes=cap_bytes, max_sessions=max_sessions)
         self._lock = self.residency.lock
         self._last_cost_s: dict[str, float] = {}  # per session: the estimate of its next chunk
+        self.residency.on_forget.append(self._forgotten)
+
+    def _forgotten(self, session: str) -> None:
+        self._last_cost_s.pop(session, None)
 
     @property
     def memory(self) -> StateStore:
