@@ -353,7 +353,6 @@ class Soak:
         return {
             **environment(),
             "device": "cpu",
-            "machine": "a shared 2-core CPU box: six other helpers' tests and builds ran beside it",
             "minutes": self.args.minutes, "sessions": len(sessions), "threads": self.args.threads,
             "sessions_from": source, "grid": self.args.grid, "cap_mib": self.args.cap_mib,
             "disk_full": {"method": "RLIMIT_FSIZE lowered to 1 KiB on the server process (EFBIG on every write)",

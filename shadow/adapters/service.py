@@ -175,6 +175,13 @@ class ShadowService(HostTurns):
                     self._error(err)
             self._queued.clear()
             self.live = shadow
+        shadow.residency.on_forget.append(self._forgotten)
+
+    def _forgotten(self, session: str) -> None:
+        """The facade forgot ``session`` (a DELETE, its cap or MAX_SESSIONS): its profile goes too.
+        Called under the facade's lock, so not under ``_mu`` (taken before the facade's elsewhere):
+        one dict pop is atomic on its own."""
+        self._profile_of.pop(session, None)
 
     # ---- profiles --------------------------------------------------------------------------------
 

@@ -74,6 +74,9 @@ class Residency:
         self.park_failures = 0
         self.last_store_error = ""
         self.lock = threading.RLock()
+        # called with a session's name once it is forgotten, however (a DELETE, the cap, MAX_SESSIONS):
+        # what others keep per session (a chunk's cost, a profile) goes with it
+        self.on_forget: list[Callable[[str], None]] = []
         self._known: dict[str, _Entry] = {}
         self._in_use: set[str] = set()
         if disk is not None:  # sessions a planned stop parked, found again
@@ -319,6 +322,8 @@ class Residency:
             if self.disk is not None:
                 self.disk.remove(session)
             del self._known[session]
+            for hook in self.on_forget:
+                hook(session)
 
     def close(self) -> None:
         """A planned stop: after the call in flight (the lock), park every resident session, then

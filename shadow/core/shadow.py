@@ -56,6 +56,12 @@ class Shadow:
         self._lowest: tuple[int, int | None] = (-1, None)
         for name in self.residency.names():  # sessions a planned stop parked
             self._mark(name)
+        self.residency.on_forget.append(self._forgotten)
+
+    def _forgotten(self, session: str) -> None:
+        """The residency forgot ``session`` (a DELETE, the cap or MAX_SESSIONS): it is not ready any more."""
+        self._ready.discard(session)
+        self._changes += 1
 
     @property
     def memory(self) -> StateStore:

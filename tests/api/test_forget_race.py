@@ -43,3 +43,18 @@ def test_forgets_racing_the_idle_window_leave_no_error_in_status(checkpoint: Pat
         assert not [e for e in errors if "UnknownSession" in e], errors
     finally:
         svc.stop()
+
+
+def test_a_session_the_facade_forgets_on_its_own_takes_its_profile_along(checkpoint: Path, tmp_path: Path) -> None:
+    svc = make_container(make_settings(checkpoint, tmp_path, max_sessions=2)).service()
+    svc.start()
+    try:
+        wait_until(lambda: svc.status().slot.state == "loaded", "the model to load")
+        for name in ("a", "b", "c"):  # c makes three: a, the least recently used, is forgotten
+            svc.feed_prompt(name, ids(GRID))
+        assert sorted(svc.status().sessions) == ["b", "c"]
+        assert sorted(svc._profile_of) == ["b", "c"]  # nothing per session outlives it
+        store = svc.status().store
+        assert store is not None and store.forgotten == 1
+    finally:
+        svc.stop()

@@ -311,3 +311,14 @@ def test_ids_appended_without_a_restore_count_against_the_cap():
     r.used("a")  # 10,800 bytes of ids now: b, the least recently used, is evicted (dropped: no disk)
     assert r.resident_bytes() + r.dropped_bytes() <= 18_000
     assert [r.where(n) for n in "ab"] == ["dropped", "dropped"] and r.dropped_bytes() == 10_800 + 360
+
+
+def test_whoever_keeps_something_per_session_hears_of_every_forget():
+    r = Residency(GRID, lambda: Tensors(10), FakeClock(), memory=Memory(), disk=None, cap_bytes=None,
+                  max_sessions=2)
+    heard: list[str] = []
+    r.on_forget.append(heard.append)
+    for name in "abc":
+        feed(r, name, 10)  # c makes three: a, the least recently used, goes
+    r.forget("b")  # a DELETE
+    assert heard == ["a", "b"] and r.names() == ["c"]
