@@ -36,7 +36,7 @@ __all__ = ["Scheduler", "Span", "Telemetry", "Window", "fits"]  # the seams, def
 Clock = Callable[[], float]
 
 SHARE = 0.02  # a turn's ration (RATION_SCOPE=turn), and the narrator's arithmetic
-DEVICE_SHARE = 0.04  # the device's ration (README: "The default share")
+DEVICE_SHARE = 0.08  # the device's ration (README: "The default share")
 SLICE_S = 0.150
 IDLE_POLL_S = 0.2
 IDLE_WINDOW_S = 2.0

@@ -93,7 +93,7 @@ class ShadowSettings(BaseSettings):
     # ---- when it reads (docs/architecture.md, promise 6) -------------------------------------
     idle_poll_s: float = Field(0.2, description="how often the idle window looks")
     idle_window_s: float = Field(2.0, description="longest idle read")
-    ration: float = Field(0.04, description="share of the device's time the reader may use while any followed "
+    ration: float = Field(0.08, description="share of the device's time the reader may use while any followed "
                                             "request decodes (RATION_SCOPE=turn: of each turn's time since its "
                                             "first token)")
     ration_scope: Literal["device", "turn"] = Field(

@@ -101,7 +101,7 @@ def test_env_wins_over_file_and_arguments_over_both(monkeypatch: pytest.MonkeyPa
 def test_defaults() -> None:
     s = ShadowSettings(_env_file=None)
     assert (s.model, s.host, s.port, s.grid, s.gb, s.disk) == ("", "127.0.0.1", 8011, 512, 4.0, "auto")
-    assert (s.idle_poll_s, s.idle_window_s, s.ration, s.slice_ms) == (0.2, 2.0, 0.04, 150.0)
+    assert (s.idle_poll_s, s.idle_window_s, s.ration, s.slice_ms) == (0.2, 2.0, 0.08, 150.0)
     assert not s.on and s.trace_exporters == [] and s.home == Path("~/.qwen38-spark-engine/shadow").expanduser()
 
 
