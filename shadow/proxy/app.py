@@ -80,7 +80,7 @@ class ProxyApp:
 
     def __init__(self, host: Host, settings: Any, upstream: str, timeout_s: float = 600.0,
                  engine: str = "auto", shadow_app: Any = None, shadow_url: str | None = None,
-                 telemetry: Telemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None, metrics: Any = None) -> None:
         if engine not in ENGINES:
             raise ValueError(f"--engine {engine!r}: choose from {', '.join(ENGINES)}")
         self.host = host
@@ -94,7 +94,7 @@ class ProxyApp:
         self.guard = Guard(None, settings, bearer=False)
         self.max_body = settings.proxy_max_body_kb * 1024
         self.sessions = Sessions(settings.grid, settings.proxy_max_sessions)
-        self.counts = ProxyCounts()
+        self.counts = ProxyCounts(metrics)
         self.telemetry: Telemetry = telemetry or NullTelemetry()
         self._recent: dict[bytes, tuple[str, float]] = {}
         self.open_turns: dict[str, anyio.Event] = {}  # session -> its turn through here not finished yet
@@ -320,4 +320,4 @@ def create_proxy_app(upstream: str, container: Any = None, timeout_s: float = 60
     with contextlib.suppress(Exception):  # traces off or not started: the proxy's spans go nowhere
         telemetry = container.telemetry()
     return ProxyApp(container.service(), container.settings(), upstream, timeout_s, engine,
-                    shadow_app=create_app(container), telemetry=telemetry)
+                    shadow_app=create_app(container), telemetry=telemetry, metrics=container.metrics())

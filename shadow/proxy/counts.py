@@ -27,7 +27,11 @@ KEEP = 16  # the last render mismatches shown in status
 
 
 class ProxyCounts:
-    def __init__(self) -> None:
+    """``metrics`` (the in-process service's ``shadow.adapters.metrics.Metrics``, or None) is told of
+    each followed turn and each render mismatch, so ``GET /metrics`` counts them too."""
+
+    def __init__(self, metrics: Any = None) -> None:
+        self.metrics = metrics
         self._mu = threading.Lock()
         self._n: Counter[str] = Counter()
         self._not_followed: Counter[str] = Counter()
@@ -37,6 +41,9 @@ class ProxyCounts:
     def add(self, key: str, n: int = 1) -> None:
         with self._mu:
             self._n[key] += n
+        if key == "turns" and self.metrics is not None:
+            for _ in range(n):
+                self.metrics.proxy_turn()
 
     def not_followed(self, reason: str) -> None:
         with self._mu:
@@ -50,6 +57,8 @@ class ProxyCounts:
         with self._mu:
             self._n["render_mismatch"] += 1
             self.mismatches.append(record)
+        if self.metrics is not None:
+            self.metrics.render_mismatch()
 
     def __getitem__(self, key: str) -> int:
         with self._mu:

@@ -26,6 +26,7 @@ from shadow.proxy import create_proxy_app
 from tests.conftest import make_container, make_settings, wait_until
 from tests.proxy.conftest import RAW, TOOLS, Stack, exact
 from tests.proxy.engine import Engine, engine_folder
+from tests.proxy.test_proxy import metric
 
 TOKEN = "s3cret"
 MAX_TOKENS = 8
@@ -142,6 +143,7 @@ def test_a_real_engine_behind_the_proxy(shared_data: Path, engine: Engine, stack
     # (the first with such a message in its history) the render is longer than the engine's prompt
     mismatched = counts["last_mismatches"]
     assert counts["render_mismatch"] == 2 and all(m["rendered"] > m["engine"] for m in mismatched)
+    assert metric(proxy, "shadow_proxy_render_mismatches") == 2 and metric(proxy, "shadow_proxy_turns") == 3
 
     # a refused request and a down engine leave the session's ids and tensors as they were
     sh = proxy_stack.service.live

@@ -22,6 +22,13 @@ from tests.proxy.conftest import REASONING, TOOLS, chat_body, headers_of, sessio
 from tests.proxy.upstream import MODELS, ScriptedUpstream, key, sse_chunks, whole_body
 
 
+def metric(proxy: Any, family: str) -> float:
+    """A counter's value as ``GET /metrics`` reports it (the in-process service's registry)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {f.name: f for f in text_string_to_metric_families(proxy.counts.metrics.exposition().decode())}
+    return sum(s.value for s in found[family].samples if s.name.endswith("_total"))
+
 def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_data: Path, stack_of: Any) -> None:
     path, index, n = REASONING
     transcript = session_of(shared_data, path, index)
@@ -76,6 +83,7 @@ def test_a_real_session_through_the_proxy_is_byte_identical_and_exact(shared_dat
     counts = stack.proxy.counts.as_dict()
     # the broken and the abandoned turn were retried within the retry window: retries, not turns
     assert counts["turns"] == n + 1 and counts["retries"] == 2 and counts["not_followed"] == {}
+    assert metric(stack.proxy, "shadow_proxy_turns") == counts["turns"]  # GET /metrics counts them too
 
 
 def test_two_interleaved_sessions_without_a_header_are_told_apart_by_prefix(
