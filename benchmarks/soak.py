@@ -113,7 +113,7 @@ class Soak:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"the server exited with {self.proc.returncode}: see {self.work / 'server.log'}")
                 try:
-                    if c.status()["slot"]["state"] == "loaded":
+                    if c.status().slot.state == "loaded":
                         break
                 except (httpx.HTTPError, ShadowHTTPError):
                     pass
@@ -240,14 +240,14 @@ class Soak:
                     st = c.status()
                 except (httpx.HTTPError, ShadowHTTPError):
                     continue
-                store = st.get("store") or {}
-                if "cap_bytes" not in store:
+                store = st.store
+                if store is None or store.cap_bytes is None:
                     continue
                 self.samples.append({"t_s": time.monotonic() - self.t0, "life": self.life,
-                                     "held": store["resident_bytes"] + store.get("dropped_bytes", 0),
-                                     "cap": store["cap_bytes"], "rss": store.get("rss_bytes"),
-                                     "forgotten": store.get("forgotten", 0), "park_failures": store["park_failures"],
-                                     "sessions": len(st.get("sessions") or {})})
+                                     "held": store.resident_bytes + store.dropped_bytes,
+                                     "cap": store.cap_bytes, "rss": store.rss_bytes,
+                                     "forgotten": store.forgotten, "park_failures": store.park_failures,
+                                     "sessions": len(st.sessions)})
 
     # ---- the end -------------------------------------------------------------------------------
 

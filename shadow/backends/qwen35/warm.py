@@ -52,14 +52,20 @@ def split_classes(rows: int, heads: int, kv_heads: int, grid: int, most: int = 1
     return found
 
 
+def attention_sizes(fast: FastForward) -> list[int]:
+    """The row counts our attention kernel takes: the captured sizes up to the grid that fit it (a
+    batch pass attends per session, one grid of rows each, so its larger row counts never reach it)."""
+    cfg = fast.cfg
+    return [n for n in fast.sizes if n <= fast.grid
+            and attention.fits(n, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)]
+
+
 def _attention_variants(fast: FastForward) -> int:
-    """Each captured row count of 16 rows or more, at the depths of each variant; launches made."""
+    """Each of ``attention_sizes`` at the depths of each variant; launches made."""
     cfg = fast.cfg
     heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     launched = 0
-    for n in fast.sizes:
-        if not attention.fits(n, heads, kv, d):
-            continue
+    for n in attention_sizes(fast):
         for end in split_classes(n, heads, kv, fast.grid).values():
             q = torch.zeros(n, heads, d, device=fast.device, dtype=fast.model.dtype)
             keys = torch.zeros(end, kv, d, device=fast.device, dtype=fast.model.dtype)
