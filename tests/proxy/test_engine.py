@@ -27,6 +27,7 @@ from tests.conftest import make_container, make_settings, wait_until
 from tests.proxy.conftest import RAW, TOOLS, Stack, exact
 from tests.proxy.engine import Engine, engine_folder
 from tests.proxy.test_proxy import metric
+from tests.proxy.upstream import read_body
 
 TOKEN = "s3cret"
 MAX_TOKENS = 8
@@ -43,12 +44,7 @@ class Tap:
         self.fail = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = bytearray()
-        while True:
-            m = await receive()
-            body.extend(m.get("body", b""))
-            if not m.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.headers.append(headers)
         if self.fail and scope["path"] == "/v1/chat/completions":
@@ -58,7 +54,7 @@ class Tap:
             return
         fwd = {k: v for k, v in headers.items() if k not in ("host", "content-length")}
         async with httpx.AsyncClient(timeout=300.0) as client, client.stream(
-                scope["method"], self.upstream + scope["path"], headers=fwd, content=bytes(body)) as r:
+                scope["method"], self.upstream + scope["path"], headers=fwd, content=body) as r:
             await send({"type": "http.response.start", "status": r.status_code,
                         "headers": [(k, v) for k, v in r.headers.raw if k.lower() != b"content-length"]})
             async for chunk in r.aiter_raw():

@@ -22,6 +22,7 @@ from shadow.proxy.engines import BY_NAME, from_models
 from shadow.proxy.relay import parse_event, take_events
 from tests.conftest import Spans, make_container, make_settings, wait_until
 from tests.proxy.conftest import Stack, exact
+from tests.proxy.upstream import read_body
 
 DATA = Path(__file__).parent / "data"
 MESSAGES = json.loads((DATA / "request.json").read_text())["messages"]
@@ -35,12 +36,7 @@ class Recorded:
         self.bodies: list[dict[str, Any]] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = bytearray()
-        while True:
-            m = await receive()
-            body.extend(m.get("body", b""))
-            if not m.get("more_body"):
-                break
+        body = await read_body(receive)
         req = json.loads(body)
         self.bodies.append(req)
         streamed = req.get("stream") is True

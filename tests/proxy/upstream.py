@@ -63,6 +63,16 @@ def key(messages: list[dict[str, Any]]) -> str:
 MODELS = b'{"object":"list","data":[{"id":"qwen","object":"model","owned_by":"test"}]}'
 
 
+
+async def read_body(receive: Any) -> bytes:
+    """An ASGI request's whole body (the upstreams the proxy tests stand up read it so)."""
+    body = bytearray()
+    while True:
+        m = await receive()
+        body.extend(m.get("body", b""))
+        if not m.get("more_body"):
+            return bytes(body)
+
 class ScriptedUpstream:
     def __init__(self, replies: dict[str, dict[str, Any]]) -> None:
         self.replies = replies
@@ -76,13 +86,8 @@ class ScriptedUpstream:
             while (await receive())["type"] != "lifespan.shutdown":
                 pass
             return
-        body = bytearray()
-        while True:
-            m = await receive()
-            body.extend(m.get("body", b""))
-            if not m.get("more_body"):
-                break
-        self.requests.append((scope["method"], scope["path"], bytes(body)))
+        body = await read_body(receive)
+        self.requests.append((scope["method"], scope["path"], body))
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.headers.append(headers)
         if scope["path"] == "/v1/models":
