@@ -105,6 +105,9 @@ class SimReader:
     def warm_up(self) -> float:
         return 0.0  # nothing to capture: the service's start-up is outside the timeline
 
+    def batch_sizes(self) -> dict[int, str]:
+        return dict.fromkeys(sorted({1, self.max_batch}), "ok")  # nothing captured, nothing to check
+
     def read_chunk(self, book: SessionBook, tensors: Any) -> float:
         if book.pending < self.grid:
             raise ValueError("no whole chunk pending")

@@ -102,9 +102,12 @@ def assemble(service: ShadowService) -> Status:
         sessions[name] = SessionStatus(where="queued", ids=n, committed=0, backlog=n)
     sessions = {name: replace(line, profile=profile_of.get(name)) for name, line in sessions.items()}
     s, slot = service.settings, service.slot
+    batches = shadow.reader.batch_sizes() if shadow is not None else {}
     return Status(
         slot=SlotStatus(state=slot.state, model=slot.model, shared_with=list(slot.shared_with), load_s=slot.load_s,
-                        error=slot.error, device=s.device, dtype=s.dtype, grid=s.grid),
+                        error=slot.error, device=s.device, dtype=s.dtype, grid=s.grid,
+                        batches={str(b): why for b, why in batches.items()},
+                        max_batch=shadow.reader.max_batch if shadow is not None else 1),
         where=WhereStatus(pid=os.getpid(), host=s.host, port=s.port, dir=str(s.home), disk=s.disk,
                           trace=list(s.trace_exporters),
                           trace_file=str(s.trace_path) if "jsonl" in s.trace_exporters else None),

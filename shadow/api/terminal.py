@@ -25,6 +25,10 @@ def status_table(st: Status) -> str:
              f"resident: {(store.resident_bytes if store is not None else 0) / 2**20:.1f} MiB of "
              f"{'no cap' if cap is None else f'{cap / 2**20:.1f} MiB'}; backlog {st.backlog} ids; "
              f"host: {st.host.running} running, {st.host.waiting} waiting"]
+    if len(slot.batches) > 1:  # the batch sizes a pass may take, and any the warm-up check refused
+        ok = [b for b, why in slot.batches.items() if why in ("ok", "unchecked")]
+        lines.append(f"batches: up to {slot.max_batch} sessions a pass (sizes {', '.join(ok)})"
+                     + "".join(f"; size {b} not used: {why}" for b, why in slot.batches.items() if b not in ok))
     rows = [["session", "where", "ids", "read", "behind", "fresh", "rollbacks", "MiB resident", "MiB on disk",
              "profile"]]
     for name, s in sorted(st.sessions.items()):

@@ -70,6 +70,13 @@ class TorchReader:
         sizes its warm-up check let through (``batches``: "ok", or why a size is not used)."""
         return self.fast.report() if self.fast is not None else None
 
+    def batch_sizes(self) -> dict[int, str]:
+        """The fast path's batch sizes and their warm-up check ("ok", "unchecked", or why a size is
+        refused); the torch forward, which reads a pass's sessions one after the other, needs no check."""
+        if self.fast is not None:
+            return self.fast.batch_sizes()
+        return dict.fromkeys(sorted({1, self._eager_batch}), "ok")
+
     @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size

@@ -185,3 +185,6 @@ class SlotStatus:
     device: str
     dtype: str
     grid: int
+    # per batch size of the loaded reader: "ok", "unchecked", or why its warm-up check refused it
+    batches: dict[str, str] = field(default_factory=dict)
+    max_batch: int = 1  # the most sessions one pass reads (the largest size not refused)

@@ -149,6 +149,10 @@ class FastForward:
     def max_batch(self) -> int:
         return self.usable[-1]
 
+    def batch_sizes(self) -> dict[int, str]:
+        """Per batch size: "ok" once checked (1 needs no check), "unchecked" before, else why refused."""
+        return {b: self.refused.get(b, "ok" if self.check_s or b == 1 else "unchecked") for b in self.batches}
+
     def _size_for(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
 

@@ -155,8 +155,7 @@ def report(fast: FastForward) -> dict[str, Any]:
         "graphs": fast.use_graphs, "sizes": list(fast.sizes), "capture_s": fast.capture_s,
         "model": {"hidden_size": cfg.hidden_size, "layers": len(cfg.layer_types), "dtype": str(fast.model.dtype)},
         # per batch size: "ok" once checked, "unchecked" before (or without graphs), else why not used
-        "batches": {str(b): fast.refused.get(b, "ok" if fast.check_s or b == 1 else "unchecked")
-                    for b in fast.batches},
+        "batches": {str(b): why for b, why in fast.batch_sizes().items()},
         "max_batch": fast.max_batch, "check_s": fast.check_s,
         "state_slots": fast.batches[-1], "state_slot_bytes": slot_bytes,
         "static_bytes": static, "merged_weight_bytes": merged,
