@@ -2,6 +2,7 @@
 
     python -m benchmarks.ab_cost --out DIR [--runs 6] [--main-shape 9b] [--shadow-shape 0.8b] [--sessions ...]
     python -m benchmarks.ab_cost --out /tmp/ab --main-shape tiny --smoke      # the CPU smoke run (CI)
+    python -m benchmarks.ab_cost --out DIR --agents 16 --overlap      # 16 sessions decoding at once (CUDA)
 
 One process, one device. The main model (``benchmarks.ab_engine``: this project's Qwen3.5 forward at
 the 9B shape, random weights, bf16, decoding through the fast path's captured one-token step)
@@ -190,21 +191,29 @@ class Run:
     drain_s: float | None = None
     trace: dict[str, Any] = field(default_factory=dict)
     chunks_during: int = 0  # chunk spans that overlap the run (an off-run must have none)
+    # ``--agents``: the turns overlap in time; the decode is the batched steps' wall time and tokens
+    steps_s: float = 0.0
+    step_tokens: int = 0
+
+    @property
+    def decode_s(self) -> float:
+        return self.steps_s if self.steps_s > 0 else sum(t.decode_s for t in self.turns)
 
     @property
     def decode_tps(self) -> float:
-        s = sum(t.decode_s for t in self.turns)
-        return sum(t.decode_tokens for t in self.turns) / s if s > 0 else 0.0
+        s = self.decode_s
+        tokens = self.step_tokens if self.steps_s > 0 else sum(t.decode_tokens for t in self.turns)
+        return tokens / s if s > 0 else 0.0
 
     @property
     def ttft_s(self) -> float:
         return statistics.fmean(t.ttft_s for t in self.turns)
 
     def row(self) -> dict[str, Any]:
-        decode_s = sum(t.decode_s for t in self.turns)
+        decode_s = self.decode_s
         return {"run": self.index, "arm": self.arm, "warm_up": self.warm, "decode_tps": self.decode_tps,
                 "ttft_ms": 1e3 * self.ttft_s, "decode_s": decode_s,
-                "decode_tokens": sum(t.decode_tokens for t in self.turns),
+                "decode_tokens": self.step_tokens or sum(t.decode_tokens for t in self.turns),
                 "calls_pct": 100.0 * sum(t.calls_s for t in self.turns) / decode_s if decode_s else 0.0,
                 "start_calls_ms": 1e3 * statistics.fmean(t.start_calls_s for t in self.turns),
                 "host_ration_ms": sum(t.ration_ms for t in self.turns),
@@ -246,7 +255,7 @@ def drain(service: Any, names: Sequence[str], grid: int, timeout_s: float) -> tu
 
 
 def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: torch.dtype, grid: int,
-                  ration: float, trace: Path) -> tuple[Any, Any, dict[str, Any]]:
+                  ration: float | None, trace: Path) -> tuple[Any, Any, dict[str, Any]]:
     """A random checkpoint at ``shadow_shape``, and the service over it, loaded and warm (on this
     thread, before its idle loop starts: nothing else runs on the device while graphs are captured)."""
     from shadow.backends.qwen35 import Qwen35Config
@@ -263,7 +272,8 @@ def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: to
     written = time.perf_counter() - t0
     settings = ShadowSettings(_env_file=None, model=str(home / "shadow-model"), device=str(device),
                               dtype="bfloat16" if dtype == torch.bfloat16 else "float32", grid=grid, disk="off",
-                              gb=32, dir=str(home), trace="jsonl", trace_file=str(trace), ration=ration)
+                              gb=32, dir=str(home), trace="jsonl", trace_file=str(trace),
+                              **({} if ration is None else {"ration": ration}))
     container = build_container(settings)
     service = container.service()
     t0 = time.perf_counter()
@@ -273,7 +283,8 @@ def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: to
     loaded = time.perf_counter() - t0
     service.start()
     return container, service, {"shape": shadow_shape, "checkpoint_write_s": written, "load_and_warm_s": loaded,
-                                "fast_report": container.reader().fast_report(), "grid": grid, "ration": ration,
+                                "fast_report": container.reader().fast_report(), "grid": grid,
+                                "ration": settings.ration, "ration_scope": settings.ration_scope,
                                 "idle_window_s": settings.idle_window_s, "idle_poll_s": settings.idle_poll_s,
                                 "slice_ms": settings.slice_ms}
 
@@ -344,7 +355,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-output", type=int, default=0, help="cut each output to this many ids (0: whole)")
     ap.add_argument("--gap-s", type=float, default=0.5, help="idle time after each request (the agent's tool)")
     ap.add_argument("--pause-s", type=float, default=1.0, help="idle time between runs")
-    ap.add_argument("--ration", type=float, default=0.02, help="the ration's share of the decode time")
+    ap.add_argument("--ration", type=float, default=None,
+                    help="the ration's share of the decode time (default 0.02 for one agent, as measured before "
+                         "issue 18; with --agents the service's own default)")
+    ap.add_argument("--agents", type=int, default=1,
+                    help="sessions decoding at once in one batched step (benchmarks.ab_agents; CUDA only)")
+    ap.add_argument("--history", type=int, default=1,
+                    help="--agents: each session's first turns, read by the shadow before a run, not served")
+    ap.add_argument("--max-len", type=int, default=12288, help="--agents: leave out sessions longer than this")
     ap.add_argument("--grid", type=int, default=512, help="the shadow's grid")
     ap.add_argument("--main-grid", type=int, default=512, help="rows per prefill pass of the main model")
     ap.add_argument("--main-path", choices=("auto", "fast", "eager"), default="auto",
@@ -361,6 +379,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.gap_s, args.pause_s = min(args.gap_s, 0.3), min(args.pause_s, 0.3)
     if args.runs < 1:
         raise SystemExit("--runs must be at least 1")
+    if args.agents > 1:
+        from benchmarks.ab_agents import agents_main
+
+        return agents_main(args)
+    if args.ration is None:
+        args.ration = 0.02
     t_start = time.perf_counter()
     dev_name = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if dev_name == "cuda" and not torch.cuda.is_available():

@@ -163,8 +163,11 @@ def _busy(reader: TorchReader, b: int, depth: int) -> dict[str, Any]:
         count = sum(e.count for e in events if e.self_device_time_total > 0)
     except Exception as err:  # the profiler is a lead, not a figure: its failure is reported
         return {"figure": "batch_busy", "batch": b, "depth": depth or 1024, "error": f"{type(err).__name__}: {err}"}
+    # where the kernel time goes: the kernels that take most of it, summed over their launches
+    top = sorted((e for e in events if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)[:14]
     return {"figure": "batch_busy", "batch": b, "depth": depth or 1024, "wall_ms": wall * 1000,
-            "kernel_ms": kernel_us / 1000, "kernels": count}
+            "kernel_ms": kernel_us / 1000, "kernels": count,
+            "top": [{"name": e.key[:80], "ms": e.self_device_time_total / 1000, "calls": e.count} for e in top]}
 
 
 def _exact(reader: TorchReader, plan: BatchPlan) -> dict[str, Any]:

@@ -204,3 +204,53 @@ def test_the_gpu_smoke_run_decodes_on_the_captured_step(tmp_path: Path) -> None:
     assert code == 0, r["notes"]
     assert r["main"]["path"] == "fast, CUDA graphs" and r["main"]["capture_s"] > 0
     assert r["shadow"]["fast_report"]["graphs"] is True
+
+
+class StepRecorder:
+    """``BatchDecoder``'s interface without a model: each launch's tokens and active slots kept."""
+
+    def __init__(self, agents: int) -> None:
+        self.agents = agents
+        self.prefills: list[tuple[int, int]] = []
+        self.launches: list[tuple[list[int], list[int]]] = []
+
+    def prefill(self, slot: int, ids: list[int]) -> int:
+        self.prefills.append((slot, len(ids)))
+        return 0
+
+    def launch(self, tokens: list[int], active: list[int]) -> Any:
+        self.launches.append((list(tokens), list(active)))
+        return lambda: [0] * self.agents
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_agents_decode_together_and_report_as_an_engine_does(real_turns, tmp_path: Path, overlap: bool) -> None:
+    """``--agents``: every agent's turns are served with each step advancing all agents in flight;
+    each request's host calls come in an engine's order with the real ids, a step feeds each agent
+    its previous real id, and the decode counts every agent's tokens once."""
+    from benchmarks.ab_agents import serve_agents
+
+    container, service, _ = build_service(tmp_path, "tiny", CPU, torch.float32, 512, 0.02, tmp_path / "t.jsonl")
+    try:
+        host = Recorder(service)
+        dec = StepRecorder(3)
+        sessions = [(f"a{j}", real_turns) for j in range(3)]
+        done, secs, tokens, steps = serve_agents(dec, host, sessions, gap_s=0.01, overlap=overlap)  # type: ignore[arg-type]
+        outputs = [len(o) for _, o in real_turns]
+        assert len(done) == 3 * len(real_turns) and tokens == 3 * sum(n - 1 for n in outputs) and secs > 0
+        assert sum(len(active) for _, active in dec.launches) == tokens and steps == len(dec.launches)
+        assert max(len(active) for _, active in dec.launches) == 3  # the agents decode together
+        assert sorted(dec.prefills) == sorted((j, len(p)) for j in range(3) for p, _ in real_turns)
+        for j in range(3):
+            for k, (prompt, output) in enumerate(real_turns):
+                rid = f"a{j}-t{k}"
+                mine = [(c[0], c[1]) for c in host.calls if c[1] and c[1][0] == rid]
+                assert [n for n, _ in mine] == ["arrived", "started", "first_token"] + ["round_ended"] * len(output) \
+                    + ["finished"]
+                assert [args[1] for n, args in mine if n == "round_ended"] == [[i] for i in output]
+            fed = [tokens[j] for tokens, active in dec.launches if j in active]
+            assert fed == [i for _, o in real_turns for i in o[:-1]]  # teacher forcing: the previous real id
+            assert list(service.slot.get().session_ids(f"a{j}")) == real_turns[-1][0] + real_turns[-1][1]
+    finally:
+        service.stop()
+        container.shutdown_resources()
