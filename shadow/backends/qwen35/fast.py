@@ -201,7 +201,8 @@ class FastForward:
         proj = self._linear(r, x, lw.w_in)  # [n, conv_dim + value_dim + 2 value heads]
         kd, vd, hv = cfg.key_dim, cfg.value_dim, cfg.linear_num_value_heads
         mixed = torch.empty(n * cfg.conv_dim, device=x.device, dtype=x.dtype)
-        kernels.conv_silu(proj, self.conv_all[lw.index, :b], lw.conv, kd, cfg.linear_key_head_dim, r.valid, mixed)
+        kernels.conv_silu(proj, self.conv_all[lw.index, :b], lw.conv, kd, cfg.linear_key_head_dim, r.valid, mixed,
+                          block_t=8 if b == 1 or r.seg % 8 == 0 else 1)  # 1: sessions of single rows (decode)
         q = mixed[:n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         k = mixed[n * kd:2 * n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = mixed[2 * n * kd:].view(n, hv, cfg.linear_value_head_dim)
@@ -280,14 +281,15 @@ class FastForward:
         """Eager, between two pieces: write each session's K and V rows into it, and attend over its
         own rows (one call a session: its split rule sees its depth only)."""
         q_all, k_all, v_all = r.qkv[i]
-        for b, (state, start) in enumerate(zip(states, starts, strict=True)):
-            rows = slice(b * r.seg, (b + 1) * r.seg)
-            q, out = q_all[rows], r.attn[rows]
-            end = start + r.seg
-            state.k[i][start:end].copy_(k_all[rows])
-            state.v[i][start:end].copy_(v_all[rows])
-            if compute:
-                self._attend_one(q, state, i, start, out)
+        spans = [(state, start, slice(b * r.seg, (b + 1) * r.seg))
+                 for b, (state, start) in enumerate(zip(states, starts, strict=True))]
+        # every session's K and V rows in one multi-tensor launch, not two copies a session: the
+        # launches between the pieces are host time the device waits for
+        torch._foreach_copy_([t for s, at, _ in spans for t in (s.k[i][at:at + r.seg], s.v[i][at:at + r.seg])],
+                             [t for _, _, rows in spans for t in (k_all[rows], v_all[rows])])
+        if compute:
+            for state, start, rows in spans:
+                self._attend_one(q_all[rows], state, i, start, r.attn[rows])
 
     def _attend_one(self, q: torch.Tensor, state: ModelState, i: int, start: int, out: torch.Tensor) -> None:
         cfg, n = self.cfg, q.shape[0]
