@@ -42,7 +42,7 @@ def test_each_probe_imports_and_says_how_to_run_it(path: Path) -> None:
 def test_the_top_holds_no_probe() -> None:
     top = {p.stem for p in BENCH.glob("*.py")} - {"__init__"}
     parts = {"common", "read_rate_exact", "read_rate_floor", "read_rate_peer", "read_rate_steps", "read_rate_batch",
-             "freshness_sim", "timelines", "ab_engine"}
+             "freshness_sim", "timelines", "ab_engine", "ab_agents"}
     assert top == set(USER_SCRIPTS) | parts
 
 
