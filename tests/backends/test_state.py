@@ -22,3 +22,39 @@ def test_reserve_keeps_held_rows_and_leaves_the_rest_unwritten() -> None:
     assert s.capacity == 2 * KV_STEP
     assert torch.equal(s.k[0][:100], rows)
     assert torch.isnan(s.k[0][100:]).all() and torch.isnan(s.v[0]).all()
+
+
+def test_a_sessions_bytes_count_every_tensor_it_holds_checkpoints_included(checkpoint) -> None:
+    """``SessionTensors.nbytes`` counts a checkpoint as a copy of the conv and recurrent state: the
+    same as summing every tensor, and a parked file whose checkpoint has another shape is refused."""
+    import pytest
+
+    from shadow.backends.qwen35 import Qwen35
+    from shadow.backends.reader import TorchReader
+    from shadow.core.session import SessionBook
+
+    reader = TorchReader(Qwen35.from_pretrained(checkpoint, device="cpu", dtype="float32"), grid=64)
+    t = reader.new_session()
+    s = t.state
+
+    def summed() -> int:
+        parts = [*s.k, *s.v, *s.conv, *s.recurrent] + [x for saved in t.checkpoints.values() for p in saved for x in p]
+        return sum(x.numel() * x.element_size() for x in parts)
+
+    s.reserve(64)
+    assert t.nbytes() == summed()
+    for pos in (64, 128, 192):
+        t.checkpoints[pos] = s.save_recurrent()
+        assert t.nbytes() == summed()
+    del t.checkpoints[128], t.checkpoints[192]
+    assert t.nbytes() == summed()
+
+    s.length = 64
+    book = SessionBook(grid=64, ids=list(range(64)), committed=64)
+    book.checkpoints.append(64)
+    data = reader.serialise(book, t)
+    back = reader.deserialise(book, data)
+    assert back.nbytes() == t.nbytes() and torch.equal(back.checkpoints[64][1][0], s.recurrent[0])
+    data["checkpoint.64.recurrent.0"] = data["checkpoint.64.recurrent.0"][:1]
+    with pytest.raises(ValueError, match=r"checkpoint\.64\.recurrent\.0 has shape"):
+        reader.deserialise(book, data)

@@ -242,7 +242,7 @@ def test_agents_decode_together_and_report_as_an_engine_does(real_turns, tmp_pat
         assert max(len(active) for _, active in dec.launches) == 3  # the agents decode together
         assert sorted(dec.prefills) == sorted((j, len(p)) for j in range(3) for p, _ in real_turns)
         for j in range(3):
-            for k, (prompt, output) in enumerate(real_turns):
+            for k, (_, output) in enumerate(real_turns):
                 rid = f"a{j}-t{k}"
                 mine = [(c[0], c[1]) for c in host.calls if c[1] and c[1][0] == rid]
                 assert [n for n, _ in mine] == ["arrived", "started", "first_token"] + ["round_ended"] * len(output) \
