@@ -254,3 +254,17 @@ def test_agents_decode_together_and_report_as_an_engine_does(real_turns, tmp_pat
     finally:
         service.stop()
         container.shutdown_resources()
+
+
+@pytest.mark.gpu
+def test_the_gpu_agents_smoke_run_decodes_all_agents_in_one_step(tmp_path: Path) -> None:
+    """``--agents``: the main model decodes its agents in one captured step of one row each, and
+    the shadow follows every agent's session to its last whole chunk."""
+    code = main(["--out", str(tmp_path), "--main-shape", "0.8b", "--smoke", "--sessions", "demo", "--agents", "3"])
+    r = json.loads((tmp_path / "ab_cost-agents-smoke.json").read_text())
+    assert code == 0, r["notes"]
+    assert r["agents"] == 3 and r["main"]["agents"] == 3 and r["main"]["capture_s"] > 0
+    off, on = r["runs"]
+    assert off["decode_tokens"] == on["decode_tokens"] > 0 and off["chunks_during_run"] == 0
+    assert max(s["tokens"] / s["steps"] for s in r["steps"].values()) > 1  # agents shared the steps
+    assert len(on["sessions"]) == 3 and all(s["read_all"] for s in on["sessions"].values())
