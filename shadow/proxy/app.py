@@ -24,7 +24,6 @@ stream the same way. A client that goes away closes the upstream request.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import threading
@@ -215,8 +214,7 @@ class ProxyApp:
         stream = parsed.get("stream") is True
         added = engine.ask(parsed, stream)
         fields = engine.stream_fields if stream else engine.whole_fields
-        fingerprint = hashlib.blake2b(body + b"\0" + (header or "").encode(), digest_size=16).digest()
-        turn = Turn(self, parsed, header, fingerprint,
+        turn = Turn(self, parsed, header, body,
                     engine_prompt=bool(fields) and all(parsed.get(f) is True for f in fields))
         turn.strip = engine.strip if added else None
         return turn, (json.dumps(parsed, ensure_ascii=False).encode() if added else body)
