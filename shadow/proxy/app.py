@@ -24,7 +24,6 @@ stream the same way. A client that goes away closes the upstream request.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import threading
@@ -33,7 +32,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import anyio
-import httpx
 
 from shadow.api.guard import TOKEN_HEADER, Guard, problem
 from shadow.core.host import Host
@@ -44,6 +42,7 @@ from .engines import BY_NAME, ENGINES, Engine, from_models
 from .relay import relay
 from .sessions import SESSION_HEADER, Sessions
 from .turn import Turn
+from .upstream import Response, Upstream, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("shadow.proxy")
 
@@ -90,7 +89,6 @@ class ProxyApp:
         self.upstream = upstream.rstrip("/")
         self.engine_setting = engine
         self.engine: Engine | None = BY_NAME.get(engine)
-        self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
         self.guard = Guard(None, settings, bearer=False)
         self.max_body = settings.proxy_max_body_kb * 1024
         self.sessions = Sessions(settings.grid, settings.proxy_max_sessions)
@@ -100,16 +98,11 @@ class ProxyApp:
         self.open_turns: dict[str, anyio.Event] = {}  # session -> its turn through here not finished yet
         self.in_flight = 0  # chat completions being followed (a client may have all its bytes already)
         self._mu = threading.Lock()
-        self._client: httpx.AsyncClient | None = None
+        self.client = Upstream(timeout_s)
 
     @property
     def engine_name(self) -> str:
         return self.engine.name if self.engine is not None else "auto (not asked yet)"
-
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout)
-        return self._client
 
     # ---- retries --------------------------------------------------------------------------------
 
@@ -132,9 +125,8 @@ class ProxyApp:
     def _closing(self, receive: Receive) -> Receive:
         async def wrapped() -> dict[str, Any]:
             message: dict[str, Any] = await receive()
-            if message["type"] == "lifespan.shutdown" and self._client is not None:
-                await self._client.aclose()
-                self._client = None
+            if message["type"] == "lifespan.shutdown":
+                await self.client.aclose()
             return message
         return wrapped
 
@@ -222,8 +214,7 @@ class ProxyApp:
         stream = parsed.get("stream") is True
         added = engine.ask(parsed, stream)
         fields = engine.stream_fields if stream else engine.whole_fields
-        fingerprint = hashlib.blake2b(body + b"\0" + (header or "").encode(), digest_size=16).digest()
-        turn = Turn(self, parsed, header, fingerprint,
+        turn = Turn(self, parsed, header, body,
                     engine_prompt=bool(fields) and all(parsed.get(f) is True for f in fields))
         turn.strip = engine.strip if added else None
         return turn, (json.dumps(parsed, ensure_ascii=False).encode() if added else body)
@@ -232,37 +223,41 @@ class ProxyApp:
         if self.engine is None:  # auto: the engine's /v1/models says which it is (with the client's key)
             auth = [(k, v) for k, v in scope["headers"] if k.lower() == b"authorization"]
             try:
-                r = await self.client().get(self.upstream + "/v1/models", headers=auth)
-            except httpx.HTTPError:
+                r = await self.client.send("GET", self.upstream + "/v1/models", auth, b"")
+                try:
+                    models = await r.read() if r.status_code == 200 else None
+                finally:
+                    await r.aclose()
+            except UpstreamError:
                 return BY_NAME["transformers"]  # asked again next time
-            if r.status_code != 200:
+            if models is None:
                 return BY_NAME["transformers"]
-            self.engine = from_models(r.content)
+            self.engine = from_models(models)
         return self.engine
 
-    def _request(self, scope: Scope, body: bytes, base: str, keep_token: bool) -> httpx.Request:
+    async def _send(self, scope: Scope, body: bytes, base: str, keep_token: bool) -> Response:
         url = base + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
         drop = HOP_BY_HOP if keep_token else HOP_BY_HOP | {TOKEN_HEADER}
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
-        return self.client().build_request(scope["method"], url, headers=headers, content=body)
+        return await self.client.send(scope["method"], url, headers, body)
 
     async def _forward(self, scope: Scope, body: bytes, receive: Receive, send: Send, turn: Turn | None,
                        base: str, keep_token: bool = False) -> None:
         complete = False
         try:
             try:
-                response = await self.client().send(self._request(scope, body, base, keep_token), stream=True)
-            except httpx.TimeoutException as err:
+                response = await self._send(scope, body, base, keep_token)
+            except UpstreamTimeout as err:
                 if turn is not None:
                     self.counts.add("unreachable")
-                await _plain(send, 504, f"the upstream {base} timed out: {type(err).__name__}")
+                await _plain(send, 504, f"the upstream {base} timed out: {err}")
                 return
-            except httpx.HTTPError as err:
+            except UpstreamError as err:
                 if turn is not None:
                     self.counts.add("unreachable")
-                await _plain(send, 502, f"the upstream {base} failed: {type(err).__name__}: {err}")
+                await _plain(send, 502, f"the upstream {base} failed: {err}")
                 return
             if turn is not None and not 200 <= response.status_code < 300:
                 self.counts.add("refused")

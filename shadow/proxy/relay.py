@@ -1,6 +1,6 @@
 """The engine's response passed on to the client, and read along the way for the turn.
 
-The bytes go to the client as the engine sent them (``aiter_raw``: not even a ``Content-Encoding``
+The bytes go to the client as the engine sent them (``Response.chunks``: not even a ``Content-Encoding``
 is undone), each chunk before the proxy reads it. Only what the proxy itself asked the engine for
 (its token id fields, ``engines.py``) is taken out again: those events, or that whole body, are
 re-serialised without it. Reading never stops the bytes: an event or body the proxy cannot parse,
@@ -19,6 +19,7 @@ import httpx
 from anyio.streams.memory import MemoryObjectSendStream
 
 from .turn import Turn, Unparseable
+from .upstream import Response, UpstreamError
 
 log = logging.getLogger("shadow.proxy")
 
@@ -82,7 +83,7 @@ def _parsed(read: Any) -> Any:
         return Stop("unparseable_event", err)
 
 
-async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Turn | None) -> bool:
+async def relay(response: Response, receive: Receive, send: Send, turn: Turn | None) -> bool:
     """Pass the response on; True when the upstream finished it and the client got all of it.
 
     The turn follows in a task of its own, from a queue of what was parsed: the bytes never wait for
@@ -112,11 +113,11 @@ async def relay(response: httpx.Response, receive: Receive, send: Send, turn: Tu
     return complete
 
 
-async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Turn | None,
+async def _pass(response: Response, receive: Receive, send: Send, turn: Turn | None,
                 queue: MemoryObjectSendStream[tuple[Any, str]], first: anyio.Event) -> bool:
-    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
-    streaming = response.headers.get("content-type", "").startswith("text/event-stream")
-    encoded = bool(response.headers.get("content-encoding"))
+    headers = [(k, v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP]
+    streaming = response.header("content-type").startswith("text/event-stream")
+    encoded = bool(response.header("content-encoding"))
     strip = turn.strip if turn is not None and not encoded else None
     hold_whole = strip is not None and not streaming  # the body changes length: its headers wait
     if strip is not None and streaming:  # the events change length
@@ -142,7 +143,7 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch, tg.cancel_scope)
         try:
-            async for raw in response.aiter_raw():
+            async for raw in response.chunks():
                 reading = turn is not None and not turn.stopped
                 if not streaming:
                     if not hold_whole:
@@ -174,7 +175,7 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
                     if turn is not None and obj is not None:
                         queue.send_nowait((obj, "delta"))
             done = True
-        except httpx.HTTPError as err:
+        except UpstreamError as err:
             log.warning("the upstream broke mid-response: %s: %s", type(err).__name__, err)
         except OSError:  # uvicorn's ClientDisconnected: the client went away while we sent
             gone.set()
@@ -199,12 +200,12 @@ async def _pass(response: httpx.Response, receive: Receive, send: Send, turn: Tu
     return True
 
 
-def _whole(raw: bytes, response: httpx.Response) -> Any:
+def _whole(raw: bytes, response: Response) -> Any:
     if len(raw) > READ_CAP:
         raise Unparseable("a body larger than the proxy reads")
     try:
-        text = raw if not response.headers.get("content-encoding") else httpx.Response(
-            200, headers={"content-encoding": response.headers["content-encoding"]}, content=raw).read()
+        text = raw if not response.header("content-encoding") else httpx.Response(
+            200, headers={"content-encoding": response.header("content-encoding")}, content=raw).read()
         return json.loads(text)
     except (ValueError, RecursionError, httpx.HTTPError) as err:
         raise Unparseable(f"a body that is not JSON: {type(err).__name__}") from None

@@ -13,6 +13,8 @@ is finished with what was settled, and the reason goes to the counters and the t
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import time
 import uuid
@@ -93,13 +95,13 @@ def choices(obj: Any, key: str) -> list[dict[str, Any]]:
 
 
 class Turn:
-    def __init__(self, proxy: ProxyApp, body: dict[str, Any], header: str | None, fingerprint: bytes,
+    def __init__(self, proxy: ProxyApp, body: dict[str, Any], header: str | None, raw: bytes,
                  engine_prompt: bool) -> None:
         self.proxy = proxy
         self.host = proxy.host
         self.body = body
         self.header = header
-        self.fingerprint = fingerprint
+        self.raw = raw  # the request's bytes: hashed once the turn starts, off the way to the first byte
         self.engine_prompt = engine_prompt  # the engine returns its prompt ids: start with those
         self.request_id = f"proxy-{uuid.uuid4().hex}"
         kwargs = body.get("chat_template_kwargs") or {}
@@ -121,6 +123,13 @@ class Turn:
         self.mismatch: dict[str, Any] | None = None
         self.strip: Callable[[Any], Any] | None = None  # removes what the proxy asked the engine for
         self.done = anyio.Event()  # set once finished: the session's next turn waits for it
+
+    @functools.cached_property
+    def fingerprint(self) -> bytes:
+        """The body and the session header: a client's retry of the same request has the same."""
+        h = hashlib.blake2b(self.raw, digest_size=16)
+        h.update(b"\0" + (self.header or "").encode())
+        return h.digest()
 
     # ---- before the engine answers ---------------------------------------------------------------
 

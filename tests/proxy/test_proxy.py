@@ -113,10 +113,19 @@ def test_other_paths_pass_through_and_failures_are_the_upstreams(shared_data: Pa
     with httpx.Client(timeout=60.0) as client:
         models = client.get(stack.url + "/v1/models")
         assert models.status_code == 200 and models.content == MODELS
-        echo = client.post(stack.url + "/v1/embeddings?x=1", content=b'"anything"',
-                           headers={"content-type": "application/json"})
+        echo = client.build_request("POST", stack.url + "/v1/embeddings/a%2Fb?x=1", content=b'"anything"')
+        sent = [(b"Content-Type", b"application/json"), (b"X-Mixed", b"a"), (b"x-mixed", b"b")]
+        # nothing but these from the client (and Host, Content-Length, which it must send)
+        echo.headers = httpx.Headers([("Host", echo.headers["host"]), ("Content-Length", "10"), *sent])
+        echo = client.send(echo)
         assert echo.status_code == 418 and echo.headers["x-upstream"] == "echo"
-        assert echo.json() == {"path": "/v1/embeddings", "query": "x=1", "body": '"anything"'}
+        assert echo.json() == {"path": "/v1/embeddings/a/b", "raw_path": "/v1/embeddings/a%2Fb", "query": "x=1",
+                               "body": '"anything"'}
+        # the request as it came: no header added (User-Agent, Accept, Accept-Encoding, ...), none lost
+        upstream_saw = [(k, v) for k, v in stack.upstream.raw_headers[-1] if k not in (b"host", b"content-length")]
+        assert upstream_saw == [(k.lower(), v) for k, v in sent]
+        moved = client.get(stack.url + "/v1/moved")
+        assert moved.status_code == 307 and moved.headers["location"] == "/v1/models"
         unknown = client.post(stack.url + "/v1/chat/completions",
                               json={"model": "qwen", "messages": [{"role": "user", "content": "not scripted"}]})
         assert unknown.status_code == 404 and unknown.content == b'{"error":"no such turn"}'

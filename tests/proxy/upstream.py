@@ -7,7 +7,9 @@ breaks the stream after N chunks (the app raises, uvicorn drops the connection),
 ``x-test-delay: S`` sleeps S seconds between chunks (room for a client to disconnect),
 ``x-test-status: N`` refuses the chat completion with status N, ``x-test-fail-first: N`` answers the
 first N requests of a conversation with 502, and ``x-test-inject: NAME`` streams the event
-``inject[NAME]`` after the first ``INJECT_AT`` chunks. Every request's headers are kept (``headers``).
+``inject[NAME]`` after the first ``INJECT_AT`` chunks. Besides the chat route, ``/v1/models`` answers
+``MODELS``, ``/v1/moved`` answers 307 (to ``/v1/models``) and any other path echoes the request (418).
+Every request's headers are kept (``headers``; as they came, repeats included, in ``raw_headers``).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class ScriptedUpstream:
         self.replies = replies
         self.requests: list[tuple[str, str, bytes]] = []
         self.headers: list[dict[str, str]] = []
+        self.raw_headers: list[list[tuple[bytes, bytes]]] = []
         self.inject: dict[str, bytes] = {}
         self.failed: dict[str, int] = {}
 
@@ -90,12 +93,16 @@ class ScriptedUpstream:
         self.requests.append((scope["method"], scope["path"], body))
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.headers.append(headers)
+        self.raw_headers.append(list(scope["headers"]))
         if scope["path"] == "/v1/models":
             await _send(send, 200, [(b"content-type", b"application/json")], [MODELS])
             return
+        if scope["path"] == "/v1/moved":  # a redirect is the client's to follow, not the proxy's
+            await _send(send, 307, [(b"location", b"/v1/models")], [])
+            return
         if scope["path"] != "/v1/chat/completions":
-            echo = json.dumps({"path": scope["path"], "query": scope["query_string"].decode(),
-                               "body": body.decode()}).encode()
+            echo = json.dumps({"path": scope["path"], "raw_path": scope["raw_path"].decode(),
+                               "query": scope["query_string"].decode(), "body": body.decode()}).encode()
             await _send(send, 418, [(b"content-type", b"application/json"), (b"x-upstream", b"echo")], [echo])
             return
         try:
