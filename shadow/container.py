@@ -159,11 +159,11 @@ def _router(settings: ShadowSettings, clock: Callable[[], float], telemetry: Tel
 
 
 def _narrator(slot: Slot, settings: ShadowSettings, clock: Callable[[], float], telemetry: Telemetry,
-              ration: RationedScheduler) -> Narrator:
+              ration: RationedScheduler, timer: Callable[[], float]) -> Narrator:
     from shadow.adapters.narrator import Narrator
 
     return Narrator(slot, settings.narrator_instruction, settings.narrator_share, settings.narrator_max_tokens,
-                    clock, telemetry, chunk_cost=ration.estimate)
+                    clock, telemetry, chunk_cost=ration.estimate, timer=timer)
 
 
 def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
@@ -222,7 +222,7 @@ class Container(containers.DeclarativeContainer):
     router = providers.Singleton(_router, settings, clock, telemetry)
     idle = providers.Singleton(_idle, slot, activity, telemetry, clock, settings, router)
     ration = providers.Singleton(_ration, slot, activity, telemetry, clock, settings)
-    narrator = providers.Singleton(_narrator, slot, settings, clock, telemetry, ration)
+    narrator = providers.Singleton(_narrator, slot, settings, clock, telemetry, ration, reader_timer)
     service = providers.Singleton(_service, settings, slot, activity, profiles, idle, ration, telemetry, router,
                                   clock, narrator)
 

@@ -120,8 +120,11 @@ def one_line(text: str) -> str:
 class Narrator:
     def __init__(self, slot: Slot, instruction: str, share: float = SHARE, max_tokens: int = MAX_TOKENS,
                  clock: Clock = time.monotonic, telemetry: Telemetry | None = None, keep: int = 32,
-                 chunk_cost: Callable[[str], float | None] | None = None) -> None:
-        """``chunk_cost(session)``: the last measured cost of one of its chunks (the ration's estimate)."""
+                 chunk_cost: Callable[[str], float | None] | None = None,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        """``chunk_cost(session)``: the last measured cost of one of its chunks (the ration's estimate).
+        ``timer``: what a summary's cost is measured with, the reader's (tests inject one, so that a
+        summary's cost does not depend on the machine's load)."""
         self.slot = slot
         self.instruction = instruction
         self.share = share
@@ -129,6 +132,7 @@ class Narrator:
         self.clock = clock
         self.telemetry = telemetry or NullTelemetry()
         self.chunk_cost = chunk_cost
+        self.timer = timer
         self.last_cost_s: float | None = None  # the last summary's measured cost, any session
         self.last_fork_s: float | None = None  # the last fork's, without the chunks read before it
         self.last_chunk_s: float | None = None  # the last chunk the narrator read
@@ -262,7 +266,7 @@ class Narrator:
                  "shadow.narrator.turn_spent_before_ms": book.spent_s * 1e3}
         with self.telemetry.span("shadow.narration", attrs) as span:
             shadow.sync()
-            t0 = time.perf_counter()
+            t0 = self.timer()
             chunks: list[ChunkRead] = []
             try:
                 at, n_chunks = self._plan(shadow, thought)
@@ -271,17 +275,17 @@ class Narrator:
                 r1 = epoch_ns()
                 for c in chunks:  # one span and one count each, as the schedulers' chunks (spans: the read's)
                     self.telemetry.chunk("narrator", c, shadow.position(session).pending, r0, r1)
-                t1 = time.perf_counter()
+                t1 = self.timer()
                 ids = shadow.decode(session, self.prompt_ids(), self.max_tokens, at=at)
                 shadow.sync()
             except ShadowError as err:
-                cost = time.perf_counter() - t0
+                cost = self.timer() - t0
                 self._spend(book, cost, None, chunks, failed=True)
                 self.errors.append(f"{type(err).__name__}: {err}")
                 span.set("shadow.narrator.error", str(err))
                 span.set("shadow.narrator.spent_ms", cost * 1e3)
                 return None
-            t2 = time.perf_counter()
+            t2 = self.timer()
             cost = t2 - t0
             spent_before = book.spent_s
             self._spend(book, cost, t2 - t1, chunks)
