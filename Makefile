@@ -20,4 +20,4 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy shadow
 
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n auto
