@@ -26,7 +26,8 @@ disk full for a while, one kill -9 and restart, and every live session checked b
 
 The report (JSON, and a summary on stdout): operations by route, errors by kind, 5xx, the cap's
 peak against its limit, the server's peak RSS and its slope after warm-up per process life, the
-restart time, and the end check.
+restart time, and the end check. The RSS per process life: its peak, its least-squares slope after
+the first quarter (warm-up) and over the second half, and the median of each quarter.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import environment  # noqa: E402
+from benchmarks.common import environment, keep_newest  # noqa: E402
 from shadow.api.client import ShadowClient, ShadowHTTPError  # noqa: E402
 from shadow.core.session import first_difference  # noqa: E402
 
@@ -311,6 +312,7 @@ class Soak:
 
     def run(self, sessions: list[Sess], source: str) -> dict[str, Any]:
         total = self.args.minutes * 60
+        self.at_start = environment()  # the commit the server runs (and re-imports at the restart)
         took = self.start_server()
         self.event("server loaded", seconds=round(took, 1), pid=self.proc.pid if self.proc else None)
         mine: list[list[Sess]] = [[] for _ in range(self.args.threads)]
@@ -348,11 +350,14 @@ class Soak:
             warm = pts[len(pts) // 4:]  # after the first quarter of the process's life: warm-up
             lives[f"process {life}"] = {"rss_peak_mib": round(max(r for _, r in pts) / 2**20, 1) if pts else None,
                                         "rss_slope_mib_per_hour_after_warmup": _slope(warm),
-                                        "samples": len(pts)}
+                                        "samples": len(pts),
+                                        "rss_slope_mib_per_hour_second_half": _slope(pts[len(pts) // 2:]),
+                                        "rss_median_mib_by_quarter": _quarters(pts)}
         five = sum(n for k, n in self.errors.items() if k.split()[-1].isdigit() and int(k.split()[-1]) >= 500)
         return {
-            **environment(),
+            **self.at_start,
             "device": "cpu",
+            "machine": self.args.machine,
             "minutes": self.args.minutes, "sessions": len(sessions), "threads": self.args.threads,
             "sessions_from": source, "grid": self.args.grid, "cap_mib": self.args.cap_mib,
             "disk_full": {"method": "RLIMIT_FSIZE lowered to 1 KiB on the server process (EFBIG on every write)",
@@ -380,6 +385,16 @@ def _slope(pts: list[tuple[float, int]]) -> float | None:
     if var == 0:
         return None
     return round(sum((t - mt) * (r - mr) for t, r in pts) / var * 3600 / 2**20, 2)
+
+
+def _quarters(pts: list[tuple[float, int]]) -> list[float]:
+    """The median RSS (MiB) of each quarter of a process's samples: flat after warm-up reads as
+    equal quarters (a median, so that a transient large tensor's pages do not count)."""
+    n = len(pts)
+    if n < 4:
+        return []
+    parts = [sorted(r for _, r in pts[i * n // 4:(i + 1) * n // 4]) for i in range(4)]
+    return [round(p[len(p) // 2] / 2**20, 1) for p in parts]
 
 
 def _free_port() -> int:
@@ -427,7 +442,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--disk-full-s", type=float, default=60.0)
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
     ap.add_argument("--work", default="", help="working folder (default: a temporary one)")
-    ap.add_argument("--out", default="", help="where the JSON report goes")
+    ap.add_argument("--out", default="", help="where the JSON report goes (the one there moves to history/)")
+    ap.add_argument("--machine", default="", help="the machine and what else ran on it (the report's machine)")
     args = ap.parse_args(argv)
     sessions, source = load_sessions(args.sessions, args.turns, Path(args.data), args.max_ids)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
@@ -441,6 +457,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 soak.proc.kill()
     text = json.dumps(out, indent=1)
     if args.out:
+        keep_newest(Path(args.out))
         Path(args.out).write_text(text + "\n")
     print(json.dumps({k: out[k] for k in ("operations_total", "errors", "errors_5xx", "cap", "rss", "end")}, indent=1))
     return out

@@ -213,9 +213,12 @@ def _listening(args: argparse.Namespace, command: str) -> tuple[Any, Any] | None
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The service from settings (environment and serve.env), until interrupted."""
+    from shadow.adapters import allocator
     from shadow.api.app import create_app
     from shadow.api.server import serve
 
+    # before the model's and the server's threads allocate: their arenas are taken at their first malloc
+    print(f"shadow serve: {allocator.limit_arenas()}", file=sys.stderr)
     started = _listening(args, "serve")
     if started is None:
         return 2

@@ -163,7 +163,7 @@ def _narrator(slot: Slot, settings: ShadowSettings, clock: Callable[[], float], 
     from shadow.adapters.narrator import Narrator
 
     return Narrator(slot, settings.narrator_instruction, settings.narrator_share, settings.narrator_max_tokens,
-                    clock, telemetry, chunk_cost=ration.estimate, timer=timer)
+                    clock, telemetry, chunk_cost=ration.estimate, max_turns=settings.max_arrived, timer=timer)
 
 
 def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],

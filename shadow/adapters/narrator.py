@@ -80,7 +80,8 @@ class Narration:
 @dataclass(frozen=True, slots=True)
 class NarratorStatus:
     """The narrator's slices: summaries written, skipped (``budget``: still waiting when the turn
-    finished; ``not_loaded``), waiting, the time they used, the last one's cost."""
+    finished; ``not_loaded``; ``request_gone``: its request never finished, dropped), waiting, the
+    time they used, the last one's cost."""
 
     share: float
     max_tokens: int
@@ -120,9 +121,11 @@ def one_line(text: str) -> str:
 class Narrator:
     def __init__(self, slot: Slot, instruction: str, share: float = SHARE, max_tokens: int = MAX_TOKENS,
                  clock: Clock = time.monotonic, telemetry: Telemetry | None = None, keep: int = 32,
-                 chunk_cost: Callable[[str], float | None] | None = None,
+                 chunk_cost: Callable[[str], float | None] | None = None, max_turns: int = 1024,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         """``chunk_cost(session)``: the last measured cost of one of its chunks (the ration's estimate).
+        ``max_turns``: the requests whose thoughts wait at once (the host's MAX_ARRIVED: one older than
+        that many newer ones never finished, its host gone); the oldest beyond are dropped.
         ``timer``: what a summary's cost is measured with, the reader's (tests inject one, so that a
         summary's cost does not depend on the machine's load)."""
         self.slot = slot
@@ -143,7 +146,8 @@ class Narrator:
         self.last: deque[Narration] = deque(maxlen=keep)
         self.errors: deque[str] = deque(maxlen=8)
         self._mu = threading.Lock()
-        self._turns: dict[str, _TurnBook] = {}
+        self.max_turns = max_turns
+        self._turns: dict[str, _TurnBook] = {}  # by request id, oldest first
         self._thoughts: Counter[str] = Counter()
         self._subscribers: dict[int, tuple[Callable[[Narration], None], Callable[[], None] | None]] = {}
         self._next_subscriber = 0
@@ -194,7 +198,15 @@ class Narrator:
             for at in ended:
                 self._thoughts[session] += 1
                 book.waiting.append(_Thought(session, at, self._thoughts[session], turn.rounds))
+            while len(self._turns) > self.max_turns:  # a request that never finished (its host gone)
+                gone = self._turns.pop(next(iter(self._turns)))
+                self.skipped["request_gone"] += len(gone.waiting)
         return len(ended)
+
+    def forget(self, session: str) -> None:
+        """The session is forgotten: its thoughts' count goes with it (a new one counts from 1)."""
+        with self._mu:
+            self._thoughts.pop(session, None)
 
     def waiting(self, request_id: str) -> int:
         """Thoughts of the request that wait for a summary: the step reads chunks for these only."""

@@ -178,10 +178,13 @@ class ShadowService(HostTurns):
         shadow.residency.on_forget.append(self._forgotten)
 
     def _forgotten(self, session: str) -> None:
-        """The facade forgot ``session`` (a DELETE, its cap or MAX_SESSIONS): its profile goes too.
+        """The facade forgot ``session`` (a DELETE, its cap or MAX_SESSIONS): its profile and its
+        narrator's count of thoughts go too.
         Called under the facade's lock, so not under ``_mu`` (taken before the facade's elsewhere):
-        one dict pop is atomic on its own."""
+        one dict pop is atomic on its own; the narrator's lock is never held while the facade's is taken."""
         self._profile_of.pop(session, None)
+        if self.narrator is not None:
+            self.narrator.forget(session)
 
     # ---- profiles --------------------------------------------------------------------------------
 

@@ -20,8 +20,14 @@ TokenId = Annotated[int, Meta(ge=0, lt=QWEN35_VOCAB, description="a Qwen3.5 toke
 Ids = Annotated[list[TokenId], Meta(max_length=MAX_IDS, description="Qwen3.5 token ids")]
 PromptIds = Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_IDS,
                                           description="the whole rendered prompt, Qwen3.5 token ids")]
-Name = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^\S(.*\S)?$",
-                           description="a session or request id (no leading or trailing blanks)")]
+# Blanks and line breaks spelled out: ``\s``, ``.`` and ``$`` mean different things to the decoder
+# (Python's re) and to the schema's readers (ECMA-262 regexes): Python's ``\s`` holds \x1c-\x1f and
+# \x85 and not \ufeff, its ``.`` takes \r, \u2028 and \u2029, its ``$`` matches before a final
+# newline (``(?!\n)`` stops that; in ECMA-262 it is always true there). Blanks: both dialects' ``\s``.
+BLANKS = r"\t-\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NAME_PATTERN = rf"^[^{BLANKS}](?:[^\n\r\u2028\u2029]*[^{BLANKS}])?$(?!\n)"
+Name = Annotated[str, Meta(min_length=1, max_length=256, pattern=NAME_PATTERN,
+                           description="a session or request id: one line, no leading or trailing blanks")]
 Label = Annotated[str, Meta(min_length=1, max_length=32, description="a choice's label, one token (A, B, ...)")]
 Labels = Annotated[list[Label], Meta(min_length=1, max_length=26)]
 Text = Annotated[str, Meta(min_length=1, max_length=1_000_000)]

@@ -3,6 +3,7 @@ one process per folder), every field is checked when it opens, and it outlives a
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -17,7 +18,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
+from shadow.backends.stores.disk import REFUSED_KEPT
 from shadow.backends.stores.parked import checksum as _checksum
+from shadow.backends.stores.parked import write
 from shadow.core.slot import Slot
 
 from .parking import T0, assert_exact, ids_for, make
@@ -302,3 +305,55 @@ def test_an_older_park_put_back_is_refused_here_and_taken_by_a_new_process(ckpt,
     assert again.sessions() == ["s"] and again.position("s").length == 300
     assert_exact(again, "s")
     assert again.disk.refused == []
+
+
+# ---- what parking costs the process ------------------------------------------------------------
+
+
+def _classes() -> int:
+    gc.collect()
+    return sum(isinstance(o, type) for o in gc.get_objects())
+
+
+def test_parking_sessions_of_many_lengths_makes_no_class_per_length(ckpt, tmp_path):
+    """safetensors.torch.save_file made a ctypes array type and a pointer type per byte length it
+    wrote, kept for the life of the process: a server parking sessions of ever new lengths grew
+    without end (the soak: about 4 classes a second). Each park here has ids of a new length."""
+    sh = make(ckpt, tmp_path / "d")
+    sh.feed_prompt("warm", ids_for(0, 64))  # the first park's one-off imports and caches
+    sh.read()
+    sh.park("warm")
+    before = _classes()
+    for n in range(20):
+        sh.feed_prompt(f"s{n}", ids_for(n, 65 + n))
+        sh.park(f"s{n}")
+    assert len({sh.disk._path(f"s{n}").stat().st_size for n in range(20)}) == 20
+    assert _classes() - before < 5  # save_file: 3 a park, 60 here
+
+
+def test_a_parked_file_is_byte_for_byte_what_safetensors_writes(tmp_path):
+    """The writer that makes no class writes the file safetensors.torch.save_file does (files
+    parked before it load as they did): every dtype a park holds, a transposed view, an empty tensor."""
+    data = {"k.3": torch.randn(7, 2, 4), "conv.0": torch.randn(6, 4).t(), "ids": torch.arange(9, dtype=torch.int32),
+            "recurrent.0": torch.randn(2, 3, 3).to(torch.bfloat16), "empty": torch.empty(0, 4)}
+    meta = {"session": "s", "book": "{}"}
+    write(tmp_path / "ours.safetensors", data, meta)
+    save_file({k: t.contiguous() for k, t in data.items()}, str(tmp_path / "theirs.safetensors"), metadata=meta)
+    ours, theirs = ((tmp_path / f"{w}.safetensors").read_bytes() for w in ("ours", "theirs"))
+    header = [8 + int.from_bytes(raw[:8], "little") for raw in (ours, theirs)]
+    # the header as JSON (its metadata's order is the writer's hash map's), then every byte of the tensors
+    assert json.loads(ours[8:header[0]]) == json.loads(theirs[8:header[1]])
+    assert ours[header[0]:] == theirs[header[1]:] and len(ours) == len(theirs)
+
+
+def test_the_refusals_kept_are_bounded(ckpt, tmp_path):
+    """Each refused file was kept in a list for the life of the process; a folder someone keeps
+    writing bad files to grew it without end. The newest are kept, with their reasons."""
+    disk = tmp_path / "d"
+    disk.mkdir()
+    for i in range(REFUSED_KEPT + 40):
+        (disk / f"{i:040d}.safetensors").write_bytes(b"not a parked file")
+    sh = make(ckpt, disk)
+    assert len(sh.disk.refused) == REFUSED_KEPT and all("unreadable" in why for _, why in sh.disk.refused)
+    assert sh.disk.refused[-1][0] == f"{REFUSED_KEPT + 39:040d}.safetensors"
+    assert not list(disk.glob("*.safetensors"))  # each one refused is gone

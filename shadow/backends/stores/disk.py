@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from shadow.core.errors import StoreError
 from shadow.core.protocols import Reader, Stored, Telemetry
@@ -77,6 +76,9 @@ def refusal_reason(why: str) -> str:
     return next((reason for start, reason in REASONS if why.startswith(start)), "other")
 
 
+REFUSED_KEPT = 64  # the newest refusals kept with their reasons (metrics count them all, by reason)
+
+
 class DiskStore:
     def __init__(self, root: str | Path, reader: Reader, weights_hash: str, *, max_bytes: int,
                  ttl_s: float = 48 * 3600, clock: Callable[[], float] = time.time,
@@ -109,6 +111,7 @@ class DiskStore:
 
     def _refuse(self, path: Path, why: str) -> None:
         self.refused.append((path.name, why))
+        del self.refused[:-REFUSED_KEPT]  # a folder others keep writing bad files to grows nothing here
         path.unlink(missing_ok=True)
         if self.telemetry is not None:
             self.telemetry.count("parked_files_refused", 1, {"reason": refusal_reason(why)})
@@ -174,7 +177,7 @@ class DiskStore:
         final = self._path(name)
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         try:
-            save_file(data, str(tmp), metadata=meta)
+            parked.write(tmp, data, meta)
             fd = os.open(tmp, os.O_RDONLY)
             try:
                 os.fsync(fd)
