@@ -230,9 +230,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """The OpenAI-compatible proxy in front of ``--upstream``, with the service's own routes."""
+    from shadow.adapters import allocator
     from shadow.api.server import serve
     from shadow.proxy import create_proxy_app
 
+    if args.shadow is None:  # the model in this process: its reads allocate on the server's threads, as in serve
+        print(f"shadow proxy: {allocator.limit_arenas()}", file=sys.stderr)
     started = _listening(args, "proxy")
     if started is None:
         return 2

@@ -1,6 +1,7 @@
-"""``shadow serve`` caps glibc's malloc arenas at start: without the cap each thread that allocates
-gets an arena of its own (up to 8 a core), and the soak's server kept ~550 MiB of arenas for ~190 MiB
-in use, climbing for minutes after warm-up; with two, ~280 MiB and flat (benchmarks/README.md)."""
+"""``shadow serve`` (and ``shadow proxy`` with the model in its process) caps glibc's malloc arenas at
+start: without the cap each thread that allocates gets an arena of its own (up to 8 a core), and the
+soak's server kept ~550 MiB of arenas for ~190 MiB in use, climbing for minutes after warm-up; with
+two, ~280 MiB and flat (benchmarks/README.md)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,14 @@ def test_serve_caps_the_arenas_before_it_builds_anything(monkeypatch: pytest.Mon
     monkeypatch.setattr(cli, "_listening", lambda args, command: calls.append(command))  # None: bad settings
     assert cli.main(["serve"]) == 2
     assert calls == ["limit", "serve"]
+
+
+def test_proxy_with_the_model_in_its_process_caps_the_arenas_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(allocator, "limit_arenas", lambda: calls.append("limit") or "capped")
+    monkeypatch.setattr(cli, "_listening", lambda args, command: calls.append(command))
+    assert cli.main(["proxy", "--upstream", "http://127.0.0.1:9"]) == 2
+    assert calls == ["limit", "proxy"]
+    calls.clear()  # with --shadow URL the model lives in another process, which caps its own
+    assert cli.main(["proxy", "--upstream", "http://127.0.0.1:9", "--shadow", "http://127.0.0.1:8"]) == 2
+    assert calls == ["proxy"]
