@@ -326,7 +326,6 @@ def feed_history(service: Any, names: Sequence[str], history: Sequence[list[tupl
 def agents_main(args: Any) -> int:
     """``ab_cost --agents N``: as ``ab_cost.main``, with N agents decoding at once."""
     import gc
-    import json
     import tempfile
 
     from benchmarks.ab_cost import (
@@ -334,13 +333,14 @@ def agents_main(args: Any) -> int:
         Run,
         build_service,
         chunk_spans,
+        common_fields,
         drain,
         load_sessions,
         overlaps,
         summarise,
         trace_cost,
+        write_result,
     )
-    from benchmarks.ab_cost import table as result_table
     from benchmarks.common import environment, keep_newest
     from shadow.adapters.telemetry import read_jsonl
 
@@ -426,20 +426,6 @@ def agents_main(args: Any) -> int:
         "main": main_info, "shadow": shadow_info,
         "sessions": [{"name": s.name, "source": s.source, "turns": len(s.turns) - args.history} for s in served],
         "steps": {str(i): {"steps_s": a, "tokens": b, "steps": c, "history_s": d} for i, (a, b, c, d) in steps.items()},
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "off_arm": "service built, loaded and its idle loop running; no host call made",
-        "notes": notes, "runs": [r.row() for r in runs], "wall_s": time.perf_counter() - t_start,
+        **common_fields(args, runs, notes, t_start),
     }
-    bad = [r.index for r in runs if r.arm == "off" and r.chunks_during]
-    unread = [n for r in runs for n, s in r.sessions.items() if not s["read_all"]]
-    if bad:
-        notes.append(f"chunks were read during off-runs {bad}: those runs are not a clean baseline")
-    if unread:
-        notes.append(f"sessions not read to their last whole chunk within --drain-timeout-s: {unread}")
-    out = args.out / f"{stem}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(result_table(result))
-    for n in notes:
-        print(f"note: {n}")
-    print(f"wrote {out} and {trace_path.name} in {result['wall_s']:.0f} s")
-    return 1 if bad or unread else 0
+    return write_result(result, runs, notes, args.out / f"{stem}.json", trace_path)

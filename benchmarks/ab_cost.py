@@ -452,17 +452,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                  "turns": len(s.turns), "output_ids": s.output_ids,
                                                                  "prompt_ids": [len(p) for p, _ in s.turns]}
                                                                 for s in sessions],
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "off_arm": "service built, loaded and its idle loop running; no host call made",
-        "notes": notes, "runs": [r.row() for r in runs], "wall_s": time.perf_counter() - t_start,
+        **common_fields(args, runs, notes, t_start),
     }
+    return write_result(result, runs, notes, args.out / f"{stem}.json", trace_path)
+
+
+def common_fields(args: argparse.Namespace, runs: Sequence[Any], notes: list[str], t_start: float) -> dict[str, Any]:
+    """The result's fields every A/B run has (one agent or many)."""
+    return {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "off_arm": "service built, loaded and its idle loop running; no host call made",
+            "notes": notes, "runs": [r.row() for r in runs], "wall_s": time.perf_counter() - t_start}
+
+
+def write_result(result: dict[str, Any], runs: Sequence[Any], notes: list[str], out: Path, trace_path: Path) -> int:
+    """Notes what spoils the baseline, writes the JSON, prints the table; 1 when a run was spoilt."""
     bad = [r.index for r in runs if r.arm == "off" and r.chunks_during]
     unread = [n for r in runs for n, s in r.sessions.items() if not s["read_all"]]
     if bad:
         notes.append(f"chunks were read during off-runs {bad}: those runs are not a clean baseline")
     if unread:
         notes.append(f"sessions not read to their last whole chunk within --drain-timeout-s: {unread}")
-    out = args.out / f"{stem}.json"
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(table(result))
     for n in notes:

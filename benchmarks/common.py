@@ -1,6 +1,6 @@
 """What every benchmark records: when, where (``gpu``: the device's name, or ``cpu``), which commit;
 where its newest result lives (``results/<name>.json``, the run before it moved to ``results/history/``);
-and a median timer that syncs the device."""
+a median timer that syncs the device; matplotlib for the plots, where it is installed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import datetime
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,3 +77,16 @@ def median_ms(fn: Callable[[], object], warmup: int = 2, repeat: int = 7) -> flo
         _sync()
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def pyplot(path: Path) -> Any:
+    """matplotlib's pyplot (drawing to files), or None with a message that no ``path`` is drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no plot ({path.name}); pip install -e '.[bench]'", file=sys.stderr)
+        return None
+    return plt

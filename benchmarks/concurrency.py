@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .common import pyplot
 from .freshness import CostModel, commit, from_rate_file
 from .freshness_sim import Knobs, Policy, SimClock, SimReader, _build, percentile
 from .timelines import SessionTimeline, Skipped, timelines
@@ -314,13 +315,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: no plot ({path.name}); pip install -e '.[bench]'", file=sys.stderr)
+    plt = pyplot(path)
+    if plt is None:
         return False
     fig, (fresh, share) = plt.subplots(1, 2, figsize=(10, 4))
     for policy in dict.fromkeys(r["policy"] for r in rows):

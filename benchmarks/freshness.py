@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .common import keep_newest
+from .common import keep_newest, pyplot
 from .freshness_sim import Knobs, Policy, SessionRun, percentile, replay_session
 from .timelines import FIRST_TOKEN, SessionTimeline, Skipped, timelines
 
@@ -178,13 +178,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> bool:
     """Fresh share against the ration, one line per chunk cost; False (and a message) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"matplotlib is not installed: no plot ({path.name}); pip install -e '.[bench]'", file=sys.stderr)
+    plt = pyplot(path)
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label in dict.fromkeys(r["cost"] for r in rows):
