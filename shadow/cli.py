@@ -218,7 +218,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from shadow.api.server import serve
 
     # before the model's and the server's threads allocate: their arenas are taken at their first malloc
-    print(f"shadow serve: {allocator.limit_arenas()}", file=sys.stderr)
+    print(f"shadow serve: {allocator.tune()}", file=sys.stderr)
     started = _listening(args, "serve")
     if started is None:
         return 2
@@ -235,7 +235,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     from shadow.proxy import create_proxy_app
 
     if args.shadow is None:  # the model in this process: its reads allocate on the server's threads, as in serve
-        print(f"shadow proxy: {allocator.limit_arenas()}", file=sys.stderr)
+        print(f"shadow proxy: {allocator.tune()}", file=sys.stderr)
     started = _listening(args, "proxy")
     if started is None:
         return 2

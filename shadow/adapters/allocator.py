@@ -1,4 +1,4 @@
-"""The C allocator of a serving process: glibc's malloc arenas capped at start.
+"""The C allocator of a serving process: glibc's malloc arenas capped and its mmap threshold fixed at start.
 
 glibc gives each thread that allocates its own arena, up to 8 per core. The server reads on its
 request threads (``sync_to_thread``: anyio's worker threads, about ten under load) and every read
@@ -8,8 +8,16 @@ soak (``benchmarks/soak.py``, 16 minutes, loaded 2-core machine): without a cap 
 to 550 MiB holding about 190 MiB in use, and the RSS kept climbing for minutes after warm-up; two
 arenas stayed near 280 MiB with the same use, and the RSS stayed flat (benchmarks/README.md).
 
-``MALLOC_ARENA_MAX`` in the environment (read by glibc at start) wins: nothing is changed then.
-Elsewhere than glibc (no ``mallopt``) this does nothing.
+glibc also serves a block of 128 KiB or more by its own ``mmap``, given back whole when freed, but
+it raises that threshold to the size of every mapped block freed (up to 32 MiB). After the first
+large tensors come and go, blocks of a few hundred KiB to a few MiB (a chunk's activations, a
+parked state coming back, their sizes following each session's length) are cut from the heap
+instead, where the holes between live blocks stay resident. ``fix_mmap_threshold`` pins the
+threshold at glibc's own starting value, so such blocks keep going back to the system when freed.
+
+``MALLOC_ARENA_MAX`` and ``MALLOC_MMAP_THRESHOLD_`` in the environment (read by glibc at start), or
+``GLIBC_TUNABLES`` naming them, win: that setting is left as they made it. Elsewhere than glibc (no
+``mallopt``) this does nothing.
 """
 
 from __future__ import annotations
@@ -17,9 +25,46 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Callable
 
 M_ARENA_MAX = -8  # glibc's malloc.h
+M_MMAP_THRESHOLD = -3
 ARENAS = 2
+MMAP_THRESHOLD = 128 << 10  # glibc's DEFAULT_MMAP_THRESHOLD_MIN, where the dynamic threshold starts
+
+
+def tune() -> str:
+    """Both settings below; says what was done (one line for the log)."""
+    return f"{limit_arenas()}; {fix_mmap_threshold()}"
+
+
+def _mallopt() -> Callable[[int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
+def _tunable(name: str) -> bool:
+    return f"glibc.malloc.{name}=" in os.environ.get("GLIBC_TUNABLES", "")
+
+
+def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> str:
+    """Blocks of ``threshold`` bytes or more mapped apart for the process's life (glibc's dynamic
+    threshold off); says what it did."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return f"mmap threshold: MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']} from the environment"
+    if _tunable("mmap_threshold"):
+        return "mmap threshold: as GLIBC_TUNABLES set it"
+    mallopt = _mallopt()
+    if mallopt is None:
+        return "mmap threshold: left as it is (not glibc)"
+    if mallopt(M_MMAP_THRESHOLD, threshold) != 1:
+        return "mmap threshold: left as it is (mallopt refused M_MMAP_THRESHOLD)"
+    return f"blocks of {threshold >> 10} KiB and more mapped apart (set MALLOC_MMAP_THRESHOLD_ to choose)"
 
 
 def limit_arenas(arenas: int = ARENAS) -> str:
@@ -27,12 +72,11 @@ def limit_arenas(arenas: int = ARENAS) -> str:
     before the threads that allocate start (an arena a thread already has stays)."""
     if "MALLOC_ARENA_MAX" in os.environ:
         return f"malloc arenas: MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']} from the environment"
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    if _tunable("arena_max"):
+        return "malloc arenas: as GLIBC_TUNABLES set them"
+    mallopt = _mallopt()
+    if mallopt is None:
         return "malloc arenas: left as they are (not glibc)"
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     if mallopt(M_ARENA_MAX, arenas) != 1:
         return "malloc arenas: left as they are (mallopt refused M_ARENA_MAX)"
     return f"malloc arenas: at most {arenas} (set MALLOC_ARENA_MAX to choose)"

@@ -69,9 +69,53 @@ def test_malloc_arena_max_in_the_environment_wins() -> None:
     assert 2 < arenas <= 4 and "MALLOC_ARENA_MAX=4 from the environment" in said
 
 
+# A 4 MiB block freed, then a 1 MiB one: with glibc's dynamic threshold the free raises it to 4 MiB
+# and the 1 MiB block is cut from the heap (hblkhd, the bytes in mapped blocks, does not grow)
+THRESHOLD = """
+import ctypes, sys
+from shadow.adapters.allocator import fix_mmap_threshold
+if sys.argv[1] == "fix":
+    print(fix_mmap_threshold(), flush=True)
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.mallinfo2.restype = Info
+libc.free(libc.malloc(4 << 20))
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(1 << 20)
+print("hblkhd=%d" % (libc.mallinfo2().hblkhd - before), flush=True)
+libc.free(block)
+"""
+
+
+def _mapped(mode: str, **env: str) -> tuple[int, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    out = subprocess.run([sys.executable, "-c", THRESHOLD, mode], cwd=REPO, env={**clean, **env},
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    return int(out.split("hblkhd=")[1].split()[0]), out
+
+
+@needs_glibc
+def test_a_freed_large_block_no_longer_sends_the_next_ones_to_the_heap() -> None:
+    dynamic, _ = _mapped("dynamic")
+    fixed, said = _mapped("fix")
+    assert dynamic == 0, f"{dynamic} bytes mapped without the fix: glibc's dynamic threshold did not rise here"
+    assert fixed >= 1 << 20, f"the 1 MiB block after the fix came from the heap ({fixed} bytes mapped): {said}"
+    assert "128 KiB and more mapped apart" in said
+
+
+@needs_glibc
+def test_malloc_mmap_threshold_in_the_environment_wins() -> None:
+    mapped, said = _mapped("fix", MALLOC_MMAP_THRESHOLD_=str(8 << 20))
+    assert mapped == 0 and "MALLOC_MMAP_THRESHOLD_=8388608 from the environment" in said
+
+
 def test_serve_caps_the_arenas_before_it_builds_anything(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(allocator, "limit_arenas", lambda: calls.append("limit") or "capped")
+    monkeypatch.setattr(allocator, "tune", lambda: calls.append("limit") or "tuned")
     monkeypatch.setattr(cli, "_listening", lambda args, command: calls.append(command))  # None: bad settings
     assert cli.main(["serve"]) == 2
     assert calls == ["limit", "serve"]
@@ -79,7 +123,7 @@ def test_serve_caps_the_arenas_before_it_builds_anything(monkeypatch: pytest.Mon
 
 def test_proxy_with_the_model_in_its_process_caps_the_arenas_first(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(allocator, "limit_arenas", lambda: calls.append("limit") or "capped")
+    monkeypatch.setattr(allocator, "tune", lambda: calls.append("limit") or "tuned")
     monkeypatch.setattr(cli, "_listening", lambda args, command: calls.append(command))
     assert cli.main(["proxy", "--upstream", "http://127.0.0.1:9"]) == 2
     assert calls == ["limit", "proxy"]
