@@ -106,8 +106,12 @@ class Soak:
 
     def start_server(self) -> float:
         t = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "shadow.cli", "serve"], cwd=self.work, env=self.env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        env, cmd = self.env, [sys.executable, "-m", "shadow.cli", "serve"]
+        if self.args.memory_log:  # the same server, with a sampler of where its memory goes
+            env = {**env, "SHADOW_MEMORY_LOG": str(self.work / f"memory-{self.life}.jsonl"),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
+            cmd = [sys.executable, "-m", "benchmarks.probes.server_memory", "serve"]
+        self.proc = subprocess.Popen(cmd, cwd=self.work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
         with ShadowClient(self.url, timeout=10) as c:
             while True:
@@ -371,7 +375,18 @@ class Soak:
             "forgotten": max((x["forgotten"] for x in self.samples), default=0),
             "park_failures_peak": max((x["park_failures"] for x in self.samples), default=0),
             "rss": lives, "server_exit_at_planned_stop": code, "end": end,
+            **({"memory": self.memory()} if self.args.memory_log else {}),
         }
+
+    def memory(self) -> dict[str, Any]:
+        """Per process life, the sampler's line after warm-up (a quarter in) beside its last one."""
+        out: dict[str, Any] = {}
+        for path in sorted(self.work.glob("memory-*.jsonl")):
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            if len(lines) >= 2:
+                out[f"process {path.stem.split('-')[1]}"] = {"after_warmup": lines[len(lines) // 4],
+                                                             "last": lines[-1], "lines": len(lines)}
+        return out
 
 
 def _slope(pts: list[tuple[float, int]]) -> float | None:
@@ -443,6 +458,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
     ap.add_argument("--work", default="", help="working folder (default: a temporary one)")
     ap.add_argument("--out", default="", help="where the JSON report goes (the one there moves to history/)")
+    ap.add_argument("--memory-log", action="store_true",
+                    help="run the server under benchmarks/probes/server_memory.py (malloc, objects) and report it")
     ap.add_argument("--machine", default="", help="the machine and what else ran on it (the report's machine)")
     args = ap.parse_args(argv)
     sessions, source = load_sessions(args.sessions, args.turns, Path(args.data), args.max_ids)

@@ -1,0 +1,108 @@
+"""Where a serving process's memory goes: runs ``shadow <args>`` (``serve``) with a sampler thread
+that appends one JSON line every ``SHADOW_MEMORY_EVERY_S`` seconds (30) to ``SHADOW_MEMORY_LOG``.
+
+    SHADOW_MEMORY_LOG=mem.jsonl python -m benchmarks.probes.server_memory serve
+    python -m benchmarks.soak --minutes 45 --memory-log   # the soak launches its server this way
+
+Why: the soak saw the server's RSS rise by 23-43 MiB an hour after warm-up with glibc's arenas
+capped (``shadow/adapters/allocator.py``). RSS alone cannot say whether Python objects pile up or
+the C heap fragments. Each line holds:
+
+- ``rss``: resident bytes (``/proc/self/statm``);
+- ``malloc``: glibc's ``mallinfo2()``, all arenas: ``arena`` (heap bytes got by brk and in the other
+  arenas), ``hblkhd`` (bytes in mmapped blocks), ``uordblks`` (in use), ``fordblks`` (free inside
+  the heap, which RSS still counts where touched), ``keepcost`` (releasable at the top);
+- ``objects``: objects the garbage collector tracks, and the 12 types that grew most since the
+  first line (by count);
+- ``traced``: with ``-X tracemalloc`` (or ``PYTHONTRACEMALLOC=1``), the bytes Python's allocator
+  holds, and the 8 source lines whose holdings grew most since the first line.
+
+A probe, not part of shadow: nothing in the package imports it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import sys
+import threading
+import time
+import tracemalloc
+from collections import Counter
+from typing import Any
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo() -> dict[str, int] | None:
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None  # not glibc, or older than 2.33
+    fn.restype = _Mallinfo2
+    m = fn()
+    return {n: int(getattr(m, n)) for n in ("arena", "hblkhd", "uordblks", "fordblks", "keepcost")}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _types() -> Counter[str]:
+    return Counter(type(o).__qualname__ for o in gc.get_objects())
+
+
+class Sampler:
+    def __init__(self, path: str, every_s: float) -> None:
+        self.path, self.every_s = path, every_s
+        self.t0 = time.monotonic()
+        self.first_types: Counter[str] | None = None
+        self.first_snapshot: tracemalloc.Snapshot | None = None
+
+    def sample(self) -> dict[str, Any]:
+        types = _types()
+        if self.first_types is None:
+            self.first_types = types
+        grew = (types - self.first_types).most_common(12)
+        line: dict[str, Any] = {"t_s": round(time.monotonic() - self.t0, 1), "rss": _rss(), "malloc": _mallinfo(),
+                                "objects": {"total": sum(types.values()), "grew": dict(grew)}}
+        if tracemalloc.is_tracing():
+            snap = tracemalloc.take_snapshot()
+            if self.first_snapshot is None:
+                self.first_snapshot = snap
+            top = snap.compare_to(self.first_snapshot, "lineno")[:8]
+            line["traced"] = {"bytes": tracemalloc.get_traced_memory()[0],
+                              "grew": [{"where": str(s.traceback[0]), "bytes": s.size_diff, "count": s.count_diff}
+                                       for s in top]}
+        return line
+
+    def run(self) -> None:
+        while True:
+            line = self.sample()
+            with open(self.path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+            time.sleep(self.every_s)
+
+
+def main() -> int:
+    path = os.environ.get("SHADOW_MEMORY_LOG")
+    if not path:
+        print("server_memory: SHADOW_MEMORY_LOG (the JSON-lines file to append to) is not set", file=sys.stderr)
+        return 2
+    sampler = Sampler(path, float(os.environ.get("SHADOW_MEMORY_EVERY_S", "30")))
+    threading.Thread(target=sampler.run, name="memory-sampler", daemon=True).start()
+    from shadow.cli import main as shadow_main
+
+    return shadow_main(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
