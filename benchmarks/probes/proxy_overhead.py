@@ -49,6 +49,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=30)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--engine-threads", type=int, default=0,
+                        help="the engine's torch threads (OMP_NUM_THREADS; 0: torch's default, every core)")
     args = parser.parse_args()
     import torch
 
@@ -62,7 +64,7 @@ def main() -> None:
     prompt_ids = len(render_turns(transcript, indices=[turn])[0].prompt_ids)
     home = Path(tempfile.mkdtemp())
     folder = engine_folder(home / "engine")
-    engine = Engine(folder, home / "serve.log")
+    engine = Engine(folder, home / "serve.log", threads=args.engine_threads or None)
     engine.start()
     write_checkpoint(home / "shadow", demo_text_config(), dtype=torch.float32, seed=0)
     port = free_port()
@@ -94,7 +96,8 @@ def main() -> None:
         front.terminate()
         front.wait(30)
         engine.stop()
-    out: dict[str, Any] = {**environment(), "prompt_ids": prompt_ids, "requests": args.requests}
+    out: dict[str, Any] = {**environment(), "prompt_ids": prompt_ids, "requests": args.requests,
+                           "engine_threads": args.engine_threads or f"torch's default ({os.cpu_count()} cores)"}
     for name, xs in times.items():
         out[name] = {"first_byte": _summary([a for a, _ in xs]), "total": _summary([b for _, b in xs])}
     out["added_median_ms"] = {k: out["proxy"][k]["median_ms"] - out["direct"][k]["median_ms"]

@@ -70,14 +70,16 @@ def free_port() -> int:
 class Engine:
     """``transformers serve FOLDER`` in a child process on a port of its own."""
 
-    def __init__(self, folder: Path, log: Path) -> None:
-        self.folder, self.log = folder, log
+    def __init__(self, folder: Path, log: Path, threads: int | None = None) -> None:
+        self.folder, self.log, self.threads = folder, log, threads
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 300.0) -> None:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        if self.threads is not None:  # torch's intra-op threads (its default: one per core)
+            env["OMP_NUM_THREADS"] = str(self.threads)
         exe = Path(sys.executable).with_name("transformers")
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen([str(exe), "serve", str(self.folder), "--host", "127.0.0.1", "--port",
