@@ -87,8 +87,11 @@ class Sampler:
     def run(self) -> None:
         while True:
             line = self.sample()
-            with open(self.path, "a") as f:
-                f.write(json.dumps(line) + "\n")
+            try:
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(line) + "\n")
+            except OSError:  # the soak's disk-full window (RLIMIT_FSIZE): this line is lost, not the sampler
+                pass
             time.sleep(self.every_s)
 
 
