@@ -13,9 +13,10 @@ the C heap fragments. Each line holds:
   arenas), ``hblkhd`` (bytes in mmapped blocks), ``uordblks`` (in use), ``fordblks`` (free inside
   the heap, which RSS still counts where touched), ``keepcost`` (releasable at the top);
 - ``objects``: objects the garbage collector tracks, and the 12 types that grew most since the
-  first line (by count);
+  baseline, the first line at least ``SHADOW_MEMORY_BASELINE_S`` seconds (300) in: after warm-up,
+  so that what the imports and the model's load made does not hide what piles up later;
 - ``traced``: with ``-X tracemalloc`` (or ``PYTHONTRACEMALLOC=1``), the bytes Python's allocator
-  holds, and the 8 source lines whose holdings grew most since the first line.
+  holds, and the 8 source lines whose holdings grew most since the baseline.
 
 A probe, not part of shadow: nothing in the package imports it.
 """
@@ -61,20 +62,21 @@ def _types() -> Counter[str]:
 
 
 class Sampler:
-    def __init__(self, path: str, every_s: float) -> None:
-        self.path, self.every_s = path, every_s
+    def __init__(self, path: str, every_s: float, baseline_s: float) -> None:
+        self.path, self.every_s, self.baseline_s = path, every_s, baseline_s
         self.t0 = time.monotonic()
         self.first_types: Counter[str] | None = None
         self.first_snapshot: tracemalloc.Snapshot | None = None
 
     def sample(self) -> dict[str, Any]:
         types = _types()
-        if self.first_types is None:
+        t = time.monotonic() - self.t0
+        if self.first_types is None and t >= self.baseline_s:
             self.first_types = types
-        grew = (types - self.first_types).most_common(12)
-        line: dict[str, Any] = {"t_s": round(time.monotonic() - self.t0, 1), "rss": _rss(), "malloc": _mallinfo(),
+        grew = (types - self.first_types).most_common(12) if self.first_types is not None else []
+        line: dict[str, Any] = {"t_s": round(t, 1), "rss": _rss(), "malloc": _mallinfo(),
                                 "objects": {"total": sum(types.values()), "grew": dict(grew)}}
-        if tracemalloc.is_tracing():
+        if tracemalloc.is_tracing() and self.first_types is not None:
             snap = tracemalloc.take_snapshot()
             if self.first_snapshot is None:
                 self.first_snapshot = snap
@@ -100,7 +102,8 @@ def main() -> int:
     if not path:
         print("server_memory: SHADOW_MEMORY_LOG (the JSON-lines file to append to) is not set", file=sys.stderr)
         return 2
-    sampler = Sampler(path, float(os.environ.get("SHADOW_MEMORY_EVERY_S", "30")))
+    sampler = Sampler(path, float(os.environ.get("SHADOW_MEMORY_EVERY_S", "30")),
+                      float(os.environ.get("SHADOW_MEMORY_BASELINE_S", "300")))
     threading.Thread(target=sampler.run, name="memory-sampler", daemon=True).start()
     from shadow.cli import main as shadow_main
 
