@@ -4,9 +4,9 @@ kernel, on the 0.8B's heads (8 query heads, 2 KV heads, head dim 256), bf16, on 
 For each depth and row count: ms per call (CUDA events), the largest error against an fp32
 reference for both kernels, whether a repeat gives the same bits, the host time of one call, and
 the attention kernel's registers and spills. Several fixed variants are timed (tiles, split
-target, K/V through the copy engine, the value accumulator in halves, the scale folded, the loop
-warp-specialised); the first is the module's default, the second the kernel as it was at 80fc4c2.
-The split merge alone is timed for the default too. The JSON is written after each variant, so a
+target, K/V through the copy engine, the scale folded, the lazy rescale, the merge's shape); the
+first is the module's default, the second the kernel as it was at 80fc4c2. The split merge alone
+is timed in several shapes. The JSON is written after each variant, so a
 call cut short keeps what it measured.
 
     python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
@@ -30,18 +30,20 @@ from benchmarks.probes.attention_variants import event_ms
 from shadow.backends.qwen35 import attention
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256
-OLD = {"bm": 128, "bn": 64, "warps": 8, "stages": 2, "target": 264, "min_split": 1024, "tma": False, "halves": False,
-       "fold": False, "ws": False}  # the kernel measured at 80fc4c2
+OLD = {"bm": 128, "bn": 64, "warps": 8, "stages": 2, "target": 264, "min_split": 1024, "tma": False, "fold": False,
+       "lazy": False, "merge": (16, 4, 1)}  # the kernel measured at 80fc4c2
 DEFAULT = {"bm": attention.BM, "bn": attention.BN, "warps": attention.WARPS, "stages": attention.STAGES,
            "target": attention.TARGET_PROGRAMS, "min_split": attention.MIN_SPLIT, "tma": attention.TMA,
-           "halves": attention.HALVES, "fold": attention.FOLD, "ws": attention.WS}
-LEADS: list[dict[str, Any]] = [  # changes to OLD; warp specialisation last (the likeliest not to compile)
-    {"target": 132}, {"fold": True}, {"tma": True}, {"tma": True, "fold": True},
-    {"tma": True, "fold": True, "halves": True}, {"tma": True, "fold": True, "bn": 32, "stages": 3},
-    {"tma": True, "fold": True, "bn": 32, "stages": 4}, {"tma": True, "fold": True, "target": 132},
-    {"tma": True, "fold": True, "target": 396}, {"tma": True, "fold": True, "bm": 64, "warps": 4},
-    {"tma": True, "fold": True, "halves": True, "bn": 32, "stages": 3}, {"tma": True, "fold": True, "ws": True},
+           "fold": attention.FOLD, "lazy": attention.LAZY,
+           "merge": (attention.MERGE_BM, attention.MERGE_WARPS, attention.MERGE_STAGES)}
+LEADS: list[dict[str, Any]] = [  # changes to OLD
+    {"fold": True, "target": 132}, {"tma": True, "fold": True, "target": 132},
+    {"fold": True, "lazy": True, "target": 132}, {"tma": True, "lazy": True, "target": 132},
+    {"tma": True, "lazy": True}, {"tma": True, "lazy": True, "target": 132, "merge": (64, 8, 1)},
+    {"tma": True, "lazy": True, "target": 132, "merge": (32, 4, 3)},
+    {"tma": True, "lazy": True, "target": 132, "bn": 128, "stages": 1},
 ]
+MERGES = [(16, 4, 1), (16, 4, 3), (4, 1, 1), (8, 2, 1), (32, 4, 1), (64, 8, 1), (32, 4, 3), (64, 8, 3)]
 VARIANTS = [DEFAULT, OLD] + [{**OLD, **lead} for lead in LEADS if {**OLD, **lead} != DEFAULT]
 CASES = [(512, 33280), (512, 100864), (384, 33152), (512, 8704), (32, 33024), (512, 512)]
 
@@ -85,20 +87,32 @@ def prepare(n: int, end: int) -> dict[str, Any]:
     return {"row": row, "q": q, "k": k, "v": v, "ref": ref, "start": start}
 
 
-def merge_ms(n: int, end: int, variant: dict[str, Any]) -> float:
-    """The split merge alone, at the variant's split count for this case (0 where it does not split)."""
+def merge_ms(n: int, end: int, target: int) -> list[dict[str, Any]]:
+    """The split merge alone in each of ``MERGES`` (rows a program, warps, stages), at the split
+    count of this case under ``target``, and whether each gives the bits of the first."""
     rows_total = n * HEADS // KV_HEADS
-    step = attention.split_len(rows_total, KV_HEADS, end, variant["bm"], variant["bn"], variant["min_split"],
-                               variant["target"])
+    step = attention.split_len(rows_total, KV_HEADS, end, target=target)
     splits = triton.cdiv(end, step)
-    if splits == 1:
-        return 0.0
     part = torch.randn(splits * KV_HEADS * rows_total, HEAD_DIM, device="cuda")
     lse = torch.randn(splits * KV_HEADS * rows_total, device="cuda")
-    out = torch.empty(n, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    return event_ms(lambda: attention._merge_kernel[(triton.cdiv(rows_total, 16), KV_HEADS)](
-        part, lse, out, n, splits, rows_total, out.stride(0), out.stride(1), G=HEADS // KV_HEADS, D=HEAD_DIM, BM=16,
-        num_warps=4))
+    found, first = [], None
+    for bm, warps, stages in MERGES:
+        out = torch.empty(n, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+
+        def call(out: torch.Tensor = out, bm: int = bm, warps: int = warps, stages: int = stages) -> None:
+            attention._merge_kernel[(triton.cdiv(rows_total, bm), KV_HEADS)](
+                part, lse, out, n, splits, rows_total, out.stride(0), out.stride(1), G=HEADS // KV_HEADS, D=HEAD_DIM,
+                BM=bm, STAGES=stages, num_warps=warps)
+
+        try:
+            ms = event_ms(call)
+        except Exception as e:  # a shape that does not compile is reported
+            found.append({"merge": [bm, warps, stages], "error": repr(e)[:300]})
+            continue
+        first = out if first is None else first
+        found.append({"merge": [bm, warps, stages], "splits": splits, "ms": ms, "equal_first": torch.equal(out, first),
+                      "read_tbps": part.numel() * 4 / ms / 1e9})
+    return found
 
 
 def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +123,7 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     def ours() -> Any:
         return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
                                 stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
-                                tma=variant["tma"], halves=variant["halves"], fold=variant["fold"], ws=variant["ws"])
+                                tma=variant["tma"], fold=variant["fold"], lazy=variant["lazy"], merge=variant["merge"])
 
     try:
         kernel = ours()
@@ -138,9 +152,11 @@ def main() -> None:
     cases = [prepare(n, end) for n, end in CASES]
     for c in cases:
         r = c["row"]
-        r["merge_ms_default"] = merge_ms(r["rows"], r["keys"], DEFAULT)
         print(f"rows {r['rows']:4d} keys {r['keys']:6d}: flash {r['flash_ms']:.3f} ms "
-              f"({r['flash_tflops']:.0f} TFLOP/s), merge alone {r['merge_ms_default']:.4f} ms", flush=True)
+              f"({r['flash_tflops']:.0f} TFLOP/s)", flush=True)
+    merges = [{"rows": 512, "keys": end, "target": target, "configs": merge_ms(512, end, target)}
+              for end in (33280, 100864) for target in (264, 132)]
+    print(merges, flush=True)
     variants: list[dict[str, Any]] = []
     for variant in VARIANTS:
         found = {"variant": variant, "cases": []}
@@ -149,7 +165,7 @@ def main() -> None:
             m = measure(c, variant)
             found["cases"].append({"rows": c["row"]["rows"], "keys": c["row"]["keys"], **m})
             print(variant, c["row"]["rows"], c["row"]["keys"], m, flush=True)
-        doc = {**environment(), "triton": triton.__version__, "cases": [c["row"] for c in cases],
+        doc = {**environment(), "triton": triton.__version__, "cases": [c["row"] for c in cases], "merges": merges,
                "variants": variants}
         (args.out / "attention_triton.json").write_text(json.dumps(doc, indent=1))
 

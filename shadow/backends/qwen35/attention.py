@@ -50,30 +50,17 @@ def _softmax_step(q, k, m_i, qk_scale, keep, MASKED: tl.constexpr, FOLD: tl.cons
 
 
 @triton.jit
-def _store(o_ptr, part_ptr, out, cols, rows, t, head, row_ok, s, h, rows_total, stride_ot, stride_oh,
-           D: tl.constexpr, SPLIT: tl.constexpr):
-    """A block's output columns ``cols``: into the split's fp32 part, or (one split) the output."""
-    if SPLIT:
-        at = (s * tl.num_programs(1) + h) * rows_total + rows
-        tl.store(part_ptr + at[:, None] * D + cols[None, :], out, mask=row_ok[:, None])
-    else:
-        tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + cols[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
-
-
-@triton.jit
 def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, end, split_len,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                  rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, HALVES: tl.constexpr,
-                 FOLD: tl.constexpr, WS: tl.constexpr):
+                 SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr,
+                 LAZY: tl.constexpr):
     pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows = pid_m * BM + tl.arange(0, BM)  # packed rows: token * G + head within the group
     t = rows // G
     head = h * G + rows % G
     row_ok = t < n
     d = tl.arange(0, D)
-    dh = tl.arange(0, D // 2)
     q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=row_ok[:, None],
                 other=0.0)
     if UPCAST:
@@ -88,14 +75,10 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
 
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
-    if HALVES:  # the value accumulator as two halves of the head dim, one product each
-        acc0 = tl.zeros([BM, D // 2], tl.float32)
-        acc1 = tl.zeros([BM, D // 2], tl.float32)
-    else:
-        acc = tl.zeros([BM, D], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
     cols0 = tl.arange(0, BN)
     # Full tiles: every row sees every key; with TMA the copy engine fetches them (all in bounds).
-    for kb in tl.range(lo, free, BN, warp_specialize=WS):
+    for kb in range(lo, free, BN):
         cols = kb + cols0
         if TMA:
             k = k_desc.load([kb, h * D]).T
@@ -103,28 +86,26 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
             k = tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh + d[:, None])
         if UPCAST:
             k = k.to(tl.float32)
-        p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, None, False, FOLD)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if HALVES:
-            if TMA:
-                v0 = v_desc.load([kb, h * D])
-                v1 = v_desc.load([kb, h * D + D // 2])
-            else:
-                v0 = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + dh[None, :])
-                v1 = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + D // 2 + dh[None, :])
-            if UPCAST:
-                v0 = v0.to(tl.float32)
-                v1 = v1.to(tl.float32)
-            acc0 = tl.dot(p.to(v0.dtype), v0, acc0 * alpha[:, None])
-            acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * alpha[:, None])
+        if LAZY:
+            # Rescale only when some row's maximum grew by more than 2^8 (the block decides, from the
+            # scores alone): below that the tile's probabilities are taken against the old maximum.
+            qk = tl.dot(q, k)
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            if tl.max(m_new - m_i, 0) > 8.0:
+                alpha = tl.math.exp2(m_i - m_new)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.math.exp2(qk * qk_scale - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
         else:
-            if TMA:
-                v = v_desc.load([kb, h * D])
-            else:
-                v = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :])
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, None, False, FOLD)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+        v = v_desc.load([kb, h * D]) if TMA else tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :])
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc)
     # The causal edge and the split's end: masked loads, never past ``hi``.
     for kb in range(free, hi, BN):
         cols = kb + cols0
@@ -135,42 +116,26 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
         keep = col_ok[None, :] & (cols[None, :] <= pos[:, None])
         p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, keep, True, FOLD)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if HALVES:
-            v0 = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + dh[None, :], mask=col_ok[:, None],
-                         other=0.0)
-            v1 = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + D // 2 + dh[None, :],
-                         mask=col_ok[:, None], other=0.0)
-            if UPCAST:
-                v0 = v0.to(tl.float32)
-                v1 = v1.to(tl.float32)
-            acc0 = tl.dot(p.to(v0.dtype), v0, acc0 * alpha[:, None])
-            acc1 = tl.dot(p.to(v1.dtype), v1, acc1 * alpha[:, None])
-        else:
-            v = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :], mask=col_ok[:, None],
-                        other=0.0)
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        v = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :], mask=col_ok[:, None], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
 
     seen = l_i > 0
-    den = tl.where(seen, l_i, 1.0)[:, None]
-    if HALVES:
-        _store(o_ptr, part_ptr, acc0 / den, dh, rows, t, head, row_ok, s, h, rows_total, stride_ot, stride_oh, D,
-               SPLIT)
-        _store(o_ptr, part_ptr, acc1 / den, D // 2 + dh, rows, t, head, row_ok, s, h, rows_total, stride_ot,
-               stride_oh, D, SPLIT)
-    else:
-        _store(o_ptr, part_ptr, acc / den, d, rows, t, head, row_ok, s, h, rows_total, stride_ot, stride_oh, D,
-               SPLIT)
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
     if SPLIT:
         at = (s * tl.num_programs(1) + h) * rows_total + rows
+        tl.store(part_ptr + at[:, None] * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(lse_ptr + at, tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf")),
                  mask=row_ok)
+    else:
+        tl.store(o_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
 def _merge_kernel(part_ptr, lse_ptr, o_ptr, n, splits, rows_total, stride_ot, stride_oh, G: tl.constexpr,
-                  D: tl.constexpr, BM: tl.constexpr):
+                  D: tl.constexpr, BM: tl.constexpr, STAGES: tl.constexpr):
     pid_m, h = tl.program_id(0), tl.program_id(1)
     heads = tl.num_programs(1)
     rows = pid_m * BM + tl.arange(0, BM)
@@ -182,7 +147,7 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, n, splits, rows_total, stride_ot, st
         top = tl.maximum(top, tl.load(lse_ptr + (s * heads + h) * rows_total + rows, mask=row_ok, other=0.0))
     total = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
-    for s in range(0, splits):  # a fixed order: the same bits every time
+    for s in tl.range(0, splits, num_stages=STAGES):  # a fixed order: the same bits every time
         at = (s * heads + h) * rows_total + rows
         w = tl.math.exp2(tl.load(lse_ptr + at, mask=row_ok, other=float("-inf")) - top)
         total += w
@@ -203,9 +168,10 @@ UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
 BM, BN, WARPS, STAGES = (16, 16, 4, 1) if UPCAST else (128, 64, 8, 2)
 TARGET_PROGRAMS = 264
 MIN_SPLIT = 64 if UPCAST else 1024
-# The variant (see ``attend``): K and V tiles through the copy engine (TMA), the value accumulator
-# in two halves, the scale folded into one multiply-add a score, the loop warp-specialised.
-TMA, HALVES, FOLD, WS = False, False, False, False
+# The variant (see ``attend``): K and V tiles through the copy engine (TMA), the scale folded into
+# one multiply-add a score, the rescale of the accumulator only when a maximum grew by 2^8 (LAZY).
+TMA, FOLD, LAZY = False, False, False
+MERGE_BM, MERGE_WARPS, MERGE_STAGES = 16, 4, 1
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
 
 
@@ -233,8 +199,8 @@ def _descriptor(t: torch.Tensor, end: int, block: list[int]) -> TensorDescriptor
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT,
-           target: int = TARGET_PROGRAMS, tma: bool = TMA, halves: bool = HALVES, fold: bool = FOLD,
-           ws: bool = WS) -> Any:
+           target: int = TARGET_PROGRAMS, tma: bool = TMA, fold: bool = FOLD, lazy: bool = LAZY,
+           merge: tuple[int, int, int] = (MERGE_BM, MERGE_WARPS, MERGE_STAGES)) -> Any:
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
     are not read). Returns the launched attention kernel (its registers and spills, for the probes)."""
@@ -250,12 +216,12 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     k_desc = v_desc = None
     if tma:
         k_desc = _descriptor(keys, end, [bn, d])
-        v_desc = _descriptor(values, end, [bn, d // 2 if halves else d])
+        v_desc = _descriptor(values, end, [bn, d])
     use_tma = k_desc is not None and v_desc is not None
     common = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
               out.stride(0), out.stride(1), rows_total, scale)
-    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "HALVES": halves, "FOLD": fold,
-              "WS": ws, "num_warps": warps, "num_stages": stages}
+    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold, "LAZY": lazy,
+              "num_warps": warps, "num_stages": stages}
     descs = (k_desc, v_desc) if use_tma else (keys, values)
     if splits == 1:
         return _attn_kernel[grid](q, keys, values, *descs, out, out, out, start, n, end, step, *common, SPLIT=False,
@@ -264,9 +230,10 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
     kernel = _attn_kernel[grid](q, keys, values, *descs, out, part, lse, start, n, end, step, *common, SPLIT=True,
                                 **shapes)
-    merge_bm = 16
+    merge_bm, merge_warps, merge_stages = merge
     _merge_kernel[(triton.cdiv(rows_total, merge_bm), kv)](part, lse, out, n, splits, rows_total, out.stride(0),
-                                                         out.stride(1), G=g, D=d, BM=merge_bm, num_warps=4)
+                                                         out.stride(1), G=g, D=d, BM=merge_bm, STAGES=merge_stages,
+                                                         num_warps=merge_warps)
     return kernel
 
 
