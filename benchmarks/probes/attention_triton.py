@@ -36,16 +36,14 @@ DEFAULT = {"bm": attention.BM, "bn": attention.BN, "warps": attention.WARPS, "st
            "target": attention.TARGET_PROGRAMS, "min_split": attention.MIN_SPLIT, "tma": attention.TMA,
            "fold": attention.FOLD, "lazy": attention.LAZY,
            "merge": (attention.MERGE_BM, attention.MERGE_WARPS, attention.MERGE_STAGES)}
-LEADS: list[dict[str, Any]] = [  # changes to OLD; 64-row blocks of 4 warps fit two to an SM at 96 KB of tiles
-    {"tma": True, "fold": True, "target": 132},
-    {"bm": 64, "bn": 32, "warps": 4, "stages": 2, "tma": True, "fold": True},
-    {"bm": 64, "bn": 32, "warps": 4, "stages": 2, "fold": True},
-    {"bm": 64, "bn": 64, "warps": 4, "stages": 1, "tma": True, "fold": True},
-    {"bm": 64, "bn": 64, "warps": 4, "stages": 1, "fold": True},
-    {"bm": 64, "bn": 32, "warps": 4, "stages": 2, "tma": True, "fold": True, "target": 132},
-    {"bm": 64, "bn": 32, "warps": 4, "stages": 2, "tma": True, "fold": True, "target": 528},
+LEADS: list[dict[str, Any]] = [  # changes to OLD
+    {"fold": True, "target": 132}, {"tma": True, "fold": True, "target": 132},
     {"bm": 64, "bn": 64, "warps": 4, "stages": 3, "tma": True, "fold": True},
-    {"bm": 64, "bn": 64, "warps": 4, "stages": 3, "fold": True},
+    {"bm": 64, "bn": 64, "warps": 4, "stages": 3, "tma": True, "fold": True, "target": 132},
+    {"bm": 64, "bn": 64, "warps": 8, "stages": 3, "tma": True, "fold": True},
+    {"bm": 64, "bn": 64, "warps": 8, "stages": 3, "tma": True, "fold": True, "target": 132},
+    {"bm": 64, "bn": 32, "warps": 4, "stages": 4, "tma": True, "fold": True},
+    {"bm": 64, "bn": 32, "warps": 4, "stages": 5, "tma": True, "fold": True},
 ]
 MERGES = [(16, 4, 1), (16, 4, 3), (4, 1, 1), (8, 2, 1), (32, 4, 1), (64, 8, 1), (32, 4, 3), (64, 8, 3)]
 VARIANTS = [DEFAULT, OLD] + [{**OLD, **lead} for lead in LEADS if {**OLD, **lead} != DEFAULT]
