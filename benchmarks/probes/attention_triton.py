@@ -4,10 +4,9 @@ kernel, on the 0.8B's heads (8 query heads, 2 KV heads, head dim 256), bf16, on 
 For each depth and row count: ms per call (CUDA events), the largest error against an fp32
 reference for both kernels, whether a repeat gives the same bits, the host time of one call, and
 the attention kernel's registers and spills. Several fixed variants are timed (tiles, split
-target, K/V through the copy engine, the scale folded, the lazy rescale, the merge's shape); the
-first is the module's default, the second the kernel as it was at 80fc4c2. The split merge alone
-is timed in several shapes. The JSON is written after each variant, so a
-call cut short keeps what it measured.
+rule, K/V through the copy engine, the scale folded); the first is the module's default, the
+second the kernel as it was at 80fc4c2 (eight splits for a 512-row chunk, pointer loads). The
+JSON is written after each variant, so a call cut short keeps what it measured.
 
     python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
 """
@@ -30,24 +29,15 @@ from benchmarks.probes.attention_variants import event_ms
 from shadow.backends.qwen35 import attention
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256
-OLD = {"bm": 128, "bn": 64, "warps": 8, "stages": 2, "target": 264, "min_split": 1024, "tma": False, "fold": False,
-       "lazy": False, "merge": (16, 4, 1)}  # the kernel measured at 80fc4c2
+OLD = {"bm": 128, "bn": 64, "warps": 8, "stages": 2, "target": 264, "min_split": 1024, "tma": False,
+       "fold": False}  # the kernel measured at 80fc4c2
 DEFAULT = {"bm": attention.BM, "bn": attention.BN, "warps": attention.WARPS, "stages": attention.STAGES,
-           "target": attention.TARGET_PROGRAMS, "min_split": attention.MIN_SPLIT, "tma": attention.TMA,
-           "fold": attention.FOLD, "lazy": attention.LAZY,
-           "merge": (attention.MERGE_BM, attention.MERGE_WARPS, attention.MERGE_STAGES)}
-LEADS: list[dict[str, Any]] = [  # changes to OLD
-    {"fold": True, "target": 132}, {"tma": True, "fold": True, "target": 132},
-    {"bm": 64, "bn": 64, "warps": 4, "stages": 3, "tma": True, "fold": True},
-    {"bm": 64, "bn": 64, "warps": 4, "stages": 3, "tma": True, "fold": True, "target": 132},
-    {"bm": 64, "bn": 64, "warps": 8, "stages": 3, "tma": True, "fold": True},
-    {"bm": 64, "bn": 64, "warps": 8, "stages": 3, "tma": True, "fold": True, "target": 132},
-    {"bm": 64, "bn": 32, "warps": 4, "stages": 4, "tma": True, "fold": True},
-    {"bm": 64, "bn": 32, "warps": 4, "stages": 5, "tma": True, "fold": True},
+           "target": None, "min_split": attention.MIN_SPLIT, "tma": attention.TMA, "fold": attention.FOLD}
+LEADS: list[dict[str, Any]] = [  # changes to DEFAULT
+    {"tma": False}, {"bm": 128, "bn": 64, "warps": 8, "stages": 2}, {"target": 264}, {"target": 132},
 ]
-MERGES = [(16, 4, 1), (16, 4, 3), (4, 1, 1), (8, 2, 1), (32, 4, 1), (64, 8, 1), (32, 4, 3), (64, 8, 3)]
-VARIANTS = [DEFAULT, OLD] + [{**OLD, **lead} for lead in LEADS if {**OLD, **lead} != DEFAULT]
-CASES = [(512, 33280), (512, 100864), (384, 33152), (512, 8704), (32, 33024), (512, 512)]
+VARIANTS = [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS]
+CASES = [(512, 33280), (512, 100864), (384, 33152), (304, 33072), (512, 8704), (32, 33024), (512, 512)]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -89,34 +79,6 @@ def prepare(n: int, end: int) -> dict[str, Any]:
     return {"row": row, "q": q, "k": k, "v": v, "ref": ref, "start": start}
 
 
-def merge_ms(n: int, end: int, target: int) -> list[dict[str, Any]]:
-    """The split merge alone in each of ``MERGES`` (rows a program, warps, stages), at the split
-    count of this case under ``target``, and whether each gives the bits of the first."""
-    rows_total = n * HEADS // KV_HEADS
-    step = attention.split_len(rows_total, KV_HEADS, end, target=target)
-    splits = triton.cdiv(end, step)
-    part = torch.randn(splits * KV_HEADS * rows_total, HEAD_DIM, device="cuda")
-    lse = torch.randn(splits * KV_HEADS * rows_total, device="cuda")
-    found, first = [], None
-    for bm, warps, stages in MERGES:
-        out = torch.empty(n, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-
-        def call(out: torch.Tensor = out, bm: int = bm, warps: int = warps, stages: int = stages) -> None:
-            attention._merge_kernel[(triton.cdiv(rows_total, bm), KV_HEADS)](
-                part, lse, out, n, splits, rows_total, out.stride(0), out.stride(1), G=HEADS // KV_HEADS, D=HEAD_DIM,
-                BM=bm, STAGES=stages, num_warps=warps)
-
-        try:
-            ms = event_ms(call)
-        except Exception as e:  # a shape that does not compile is reported
-            found.append({"merge": [bm, warps, stages], "error": repr(e)[:300]})
-            continue
-        first = out if first is None else first
-        found.append({"merge": [bm, warps, stages], "splits": splits, "ms": ms, "equal_first": torch.equal(out, first),
-                      "read_tbps": part.numel() * 4 / ms / 1e9})
-    return found
-
-
 def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     q, k, v, start, ref = case["q"], case["k"], case["v"], case["start"], case["ref"]
     n, end = case["row"]["rows"], case["row"]["keys"]
@@ -125,7 +87,7 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     def ours() -> Any:
         return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
                                 stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
-                                tma=variant["tma"], fold=variant["fold"], lazy=variant["lazy"], merge=variant["merge"])
+                                tma=variant["tma"], fold=variant["fold"])
 
     try:
         kernel = ours()
@@ -156,9 +118,6 @@ def main() -> None:
         r = c["row"]
         print(f"rows {r['rows']:4d} keys {r['keys']:6d}: flash {r['flash_ms']:.3f} ms "
               f"({r['flash_tflops']:.0f} TFLOP/s)", flush=True)
-    merges = [{"rows": 512, "keys": end, "target": target, "configs": merge_ms(512, end, target)}
-              for end in (33280,) for target in (264,)]
-    print(merges, flush=True)
     variants: list[dict[str, Any]] = []
     for variant in VARIANTS:
         found = {"variant": variant, "cases": []}
@@ -167,7 +126,7 @@ def main() -> None:
             m = measure(c, variant)
             found["cases"].append({"rows": c["row"]["rows"], "keys": c["row"]["keys"], **m})
             print(variant, c["row"]["rows"], c["row"]["keys"], m, flush=True)
-        doc = {**environment(), "triton": triton.__version__, "cases": [c["row"] for c in cases], "merges": merges,
+        doc = {**environment(), "triton": triton.__version__, "cases": [c["row"] for c in cases],
                "variants": variants}
         (args.out / "attention_triton.json").write_text(json.dumps(doc, indent=1))
 
