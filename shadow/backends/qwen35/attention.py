@@ -21,7 +21,8 @@ split's ragged end take masked pointer loads. The scale is folded into one multi
 Measured and not kept (``benchmarks/results/history/attention_triton_*.json``): the value
 accumulator in two halves of the head dim, Triton's warp specialisation of the key loop, a lazy
 rescale (only when a row's maximum grew by 2^8), 64-row blocks two to an SM, other merge shapes.
-Triton's interpreter runs the same paths (the descriptor loads too), so the CPU tests cover them.
+Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
+3.9's, the project's; the GPU image's 3.6 interpreter failed those tests, its compiler does not).
 """
 
 from __future__ import annotations
