@@ -22,7 +22,7 @@ Measured and not kept (``benchmarks/results/history/attention_triton_*.json``): 
 accumulator in two halves of the head dim, Triton's warp specialisation of the key loop, a lazy
 rescale (only when a row's maximum grew by 2^8), 64-row blocks two to an SM, other merge shapes.
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
-3.9's, the project's; the GPU image's 3.6 interpreter failed those tests, its compiler does not).
+3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
 """
 
 from __future__ import annotations
