@@ -100,8 +100,8 @@ def _timings(reader: TorchReader, plan: BatchPlan, rates: tuple[float, float], e
 
 
 # (BM, BN, warps, stages): the shipped tiles, then leads
-TILES = ((attention.BM, attention.BN, attention.WARPS, attention.STAGES), (128, 64, 8, 3), (128, 32, 8, 3),
-         (64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 4, 2))
+TILES = ((attention.BM, attention.BN, attention.WARPS, attention.STAGES), (128, 64, 8, 2), (128, 32, 8, 3),
+         (64, 64, 4, 2), (64, 32, 4, 4))
 
 
 def _per_call(fn: Any) -> float:

@@ -2,8 +2,11 @@
 kernel, on the 0.8B's heads (8 query heads, 2 KV heads, head dim 256), bf16, on the GPU.
 
 For each depth and row count: ms per call (CUDA events), the largest error against an fp32
-reference for both kernels, whether a repeat gives the same bits, and the host time of one call.
-Several fixed launch shapes are timed; the first is the module's default.
+reference for both kernels, whether a repeat gives the same bits, the host time of one call, and
+the attention kernel's registers and spills. Several fixed variants are timed (tiles, split
+rule, K/V through the copy engine, the scale folded); the first is the module's default, the
+second the kernel as it was at 80fc4c2 (eight splits for a 512-row chunk, pointer loads). The
+JSON is written after each variant, so a call cut short keeps what it measured.
 
     python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
 """
@@ -14,9 +17,11 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+import triton
 from torch.nn.attention.bias import causal_lower_right
 
 from benchmarks.common import environment
@@ -24,11 +29,15 @@ from benchmarks.probes.attention_variants import event_ms
 from shadow.backends.qwen35 import attention
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256
-SHAPES = [  # (bm, bn, warps, stages, target programs, least keys a split)
-    (attention.BM, attention.BN, attention.WARPS, attention.STAGES, attention.TARGET_PROGRAMS, attention.MIN_SPLIT),
-    (128, 64, 8, 2, 264, 1024), (128, 64, 8, 2, 264, 256), (64, 64, 4, 3, 264, 128), (128, 64, 8, 2, 132, 128),
+OLD = {"bm": 128, "bn": 64, "warps": 8, "stages": 2, "target": 264, "min_split": 1024, "tma": False,
+       "fold": False}  # the kernel measured at 80fc4c2
+DEFAULT = {"bm": attention.BM, "bn": attention.BN, "warps": attention.WARPS, "stages": attention.STAGES,
+           "target": None, "min_split": attention.MIN_SPLIT, "tma": attention.TMA, "fold": attention.FOLD}
+LEADS: list[dict[str, Any]] = [  # changes to DEFAULT
+    {"tma": False}, {"bm": 128, "bn": 64, "warps": 8, "stages": 2}, {"target": 264}, {"target": 132},
 ]
-CASES = [(512, 512), (512, 2560), (512, 8704), (512, 33280), (512, 100864), (384, 33152), (384, 100736), (32, 33024)]
+VARIANTS = [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS]
+CASES = [(512, 33280), (512, 100864), (384, 33152), (304, 33072), (512, 8704), (32, 33024), (512, 512)]
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -43,12 +52,19 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> 
     return out
 
 
-def case(n: int, end: int) -> dict[str, object]:
+def flops(n: int, end: int) -> float:
+    return 4 * n * HEADS * HEAD_DIM * (end - n + (n + 1) / 2)
+
+
+def prepare(n: int, end: int) -> dict[str, Any]:
+    """Inputs, the fp32 reference and torch's flash kernel for one case."""
     start = end - n
     gen = torch.Generator(device="cuda").manual_seed(end)
     q = torch.randn(n, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(end + 4096, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(end + 4096, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k[end:] = float("nan")  # rows past the chunk must not be read
+    v[end:] = float("nan")
     ref = reference(q, k, v, start)
 
     def flash() -> torch.Tensor:
@@ -57,52 +73,62 @@ def case(n: int, end: int) -> dict[str, object]:
                                            scale=HEAD_DIM ** -0.5, enable_gqa=True)
         return o[0].permute(1, 0, 2)
 
-    row: dict[str, object] = {"rows": n, "keys": end, "flash_ms": event_ms(flash),
-                              "flash_err": (flash().float() - ref).abs().max().item()}
-    flops = 4 * n * HEADS * HEAD_DIM * (start + (n + 1) / 2)
-    row["flash_tflops"] = flops / row["flash_ms"] / 1e9  # type: ignore[operator]
-    variants = []
-    for bm, bn, warps, stages, target, min_split in SHAPES:
-        out = torch.empty_like(q)
+    ms = event_ms(flash)
+    row = {"rows": n, "keys": end, "flash_ms": ms, "flash_tflops": flops(n, end) / ms / 1e9,
+           "flash_err": (flash().float() - ref).abs().max().item()}
+    return {"row": row, "q": q, "k": k, "v": v, "ref": ref, "start": start}
 
-        def ours(out: torch.Tensor = out, shape: tuple[int, ...] = (bm, bn, warps, stages, min_split, target)) -> None:
-            attention.attend(q, k, v, start, out, bm=shape[0], bn=shape[1], warps=shape[2], stages=shape[3],
-                             min_split=shape[4], target=shape[5])
 
-        try:
-            ms = event_ms(ours)
-        except Exception as e:  # a shape that does not fit (shared memory, registers) is reported, not fatal
-            variants.append({"shape": [bm, bn, warps, stages, target, min_split], "error": repr(e)[:300]})
-            continue
+def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
+    q, k, v, start, ref = case["q"], case["k"], case["v"], case["start"], case["ref"]
+    n, end = case["row"]["rows"], case["row"]["keys"]
+    out = torch.empty_like(q)
+
+    def ours() -> Any:
+        return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
+                                stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
+                                tma=variant["tma"], fold=variant["fold"])
+
+    try:
+        kernel = ours()
+        ms = event_ms(ours)
+    except Exception as e:  # a variant that does not compile or fit (shared memory, registers) is reported
+        return {"error": repr(e)[:400]}
+    ours()
+    first = out.clone()
+    ours()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(50):
         ours()
-        first = out.clone()
-        ours()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(50):
-            ours()
-        host_us = (time.perf_counter() - t0) / 50 * 1e6
-        torch.cuda.synchronize()
-        variants.append({"shape": [bm, bn, warps, stages, target, min_split], "ms": ms, "tflops": flops / ms / 1e9,
-                         "err": (out.float() - ref).abs().max().item(), "repeat_equal": torch.equal(first, out),
-                         "host_us": host_us})
-    row["ours"] = variants
-    return row
+    host_us = (time.perf_counter() - t0) / 50 * 1e6
+    torch.cuda.synchronize()
+    return {"ms": ms, "tflops": flops(n, end) / ms / 1e9, "err": (out.float() - ref).abs().max().item(),
+            "repeat_equal": torch.equal(first, out), "host_us": host_us,
+            "regs": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    rows = []
-    for n, end in CASES:
-        rows.append(case(n, end))
-        r = rows[-1]
-        best = min((v for v in r["ours"] if "ms" in v), key=lambda v: v["ms"], default=None)  # type: ignore[union-attr]
-        print(f"rows {n:4d} keys {end:6d}: flash {r['flash_ms']:.3f} ms err {r['flash_err']:.4f} | "
-              f"default {r['ours'][0]} | best {best}", flush=True)  # type: ignore[index]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attention_triton.json").write_text(json.dumps({**environment(), "rows": rows}, indent=1))
+    cases = [prepare(n, end) for n, end in CASES]
+    for c in cases:
+        r = c["row"]
+        print(f"rows {r['rows']:4d} keys {r['keys']:6d}: flash {r['flash_ms']:.3f} ms "
+              f"({r['flash_tflops']:.0f} TFLOP/s)", flush=True)
+    variants: list[dict[str, Any]] = []
+    for variant in VARIANTS:
+        found = {"variant": variant, "cases": []}
+        variants.append(found)
+        for c in cases:
+            m = measure(c, variant)
+            found["cases"].append({"rows": c["row"]["rows"], "keys": c["row"]["keys"], **m})
+            print(variant, c["row"]["rows"], c["row"]["keys"], m, flush=True)
+        doc = {**environment(), "triton": triton.__version__, "cases": [c["row"] for c in cases],
+               "variants": variants}
+        (args.out / "attention_triton.json").write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

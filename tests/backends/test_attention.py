@@ -48,3 +48,16 @@ def test_fits_only_what_it_serves():
     assert attention.fits(512, 8, 2, 256)
     assert not attention.fits(1, 8, 2, 256)  # decode stays on torch's flash kernel
     assert not attention.fits(512, 8, 2, 96)  # not a power of two
+
+
+def test_the_split_count_fills_one_wave_of_the_sms_or_two_where_two_fill_them_better():
+    def splits(rows: int, end: int) -> int:  # the GPU's shapes: 64-row blocks, 4 query heads a KV head, 2 KV heads
+        return -(-end // attention.split_len(rows * 4, 2, end, bm=64, bn=64, min_split=1024))
+
+    assert splits(512, 33280) == 2  # 64 blocks: 128 programs, one wave
+    assert splits(384, 33152) == 5  # 48 blocks: 96 programs fill 73 %, 240 fill 91 % of two waves
+    assert splits(304, 33072) == 3  # 38 blocks: 114 programs, as full as 228 in two waves
+    assert splits(512, 2048) == 2 and splits(512, 1024) == 1  # at least MIN_SPLIT keys a split
+    assert splits(16, 100352) == 66  # 2 blocks: one wave of 132 programs
+    # the rule before, for the probes: about 264 programs
+    assert -(-33280 // attention.split_len(2048, 2, 33280, bm=128, bn=64, min_split=1024, target=264)) == 8
