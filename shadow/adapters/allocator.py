@@ -48,35 +48,31 @@ def _mallopt() -> Callable[[int, int], int] | None:
     return mallopt
 
 
-def _tunable(name: str) -> bool:
-    return f"glibc.malloc.{name}=" in os.environ.get("GLIBC_TUNABLES", "")
+def _set(what: str, option: int, name: str, value: int, env: str, tunable: str) -> str | None:
+    """``mallopt(option, value)`` unless the environment chose (``env``, or ``tunable`` in
+    ``GLIBC_TUNABLES``); None once set, else what stopped it."""
+    if env in os.environ:
+        return f"{what}: {env}={os.environ[env]} from the environment"
+    if f"glibc.malloc.{tunable}=" in os.environ.get("GLIBC_TUNABLES", ""):
+        return f"{what}: as GLIBC_TUNABLES set it"
+    mallopt = _mallopt()
+    if mallopt is None:
+        return f"{what}: left as it is (not glibc)"
+    if mallopt(option, value) != 1:
+        return f"{what}: left as it is (mallopt refused {name})"
+    return None
 
 
 def fix_mmap_threshold(threshold: int = MMAP_THRESHOLD) -> str:
     """Blocks of ``threshold`` bytes or more mapped apart for the process's life (glibc's dynamic
     threshold off); says what it did."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return f"mmap threshold: MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']} from the environment"
-    if _tunable("mmap_threshold"):
-        return "mmap threshold: as GLIBC_TUNABLES set it"
-    mallopt = _mallopt()
-    if mallopt is None:
-        return "mmap threshold: left as it is (not glibc)"
-    if mallopt(M_MMAP_THRESHOLD, threshold) != 1:
-        return "mmap threshold: left as it is (mallopt refused M_MMAP_THRESHOLD)"
-    return f"blocks of {threshold >> 10} KiB and more mapped apart (set MALLOC_MMAP_THRESHOLD_ to choose)"
+    return (_set("mmap threshold", M_MMAP_THRESHOLD, "M_MMAP_THRESHOLD", threshold, "MALLOC_MMAP_THRESHOLD_",
+                 "mmap_threshold")
+            or f"blocks of {threshold >> 10} KiB and more mapped apart (set MALLOC_MMAP_THRESHOLD_ to choose)")
 
 
 def limit_arenas(arenas: int = ARENAS) -> str:
     """Cap glibc's malloc arenas for the threads created from now on; says what it did. Call it
     before the threads that allocate start (an arena a thread already has stays)."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return f"malloc arenas: MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']} from the environment"
-    if _tunable("arena_max"):
-        return "malloc arenas: as GLIBC_TUNABLES set them"
-    mallopt = _mallopt()
-    if mallopt is None:
-        return "malloc arenas: left as they are (not glibc)"
-    if mallopt(M_ARENA_MAX, arenas) != 1:
-        return "malloc arenas: left as they are (mallopt refused M_ARENA_MAX)"
-    return f"malloc arenas: at most {arenas} (set MALLOC_ARENA_MAX to choose)"
+    return (_set("malloc arenas", M_ARENA_MAX, "M_ARENA_MAX", arenas, "MALLOC_ARENA_MAX", "arena_max")
+            or f"malloc arenas: at most {arenas} (set MALLOC_ARENA_MAX to choose)")
