@@ -15,8 +15,9 @@ the C heap fragments. Each line holds:
 - ``objects``: objects the garbage collector tracks, and the 12 types that grew most since the
   baseline, the first line at least ``SHADOW_MEMORY_BASELINE_S`` seconds (300) in: after warm-up,
   so that what the imports and the model's load made does not hide what piles up later;
-- ``traced``: with ``-X tracemalloc`` (or ``PYTHONTRACEMALLOC=1``), the bytes Python's allocator
-  holds, and the 8 source lines whose holdings grew most since the baseline.
+- ``traced``: with ``SHADOW_MEMORY_TRACE=N`` (tracemalloc started at the baseline, N frames), or
+  ``PYTHONTRACEMALLOC=N`` (from launch), the bytes Python's allocator holds, and the 8 source lines
+  (N = 1) or call paths (N > 1, innermost 6 frames) whose holdings grew most since the baseline.
 
 A probe, not part of shadow: nothing in the package imports it.
 """
@@ -62,8 +63,8 @@ def _types() -> Counter[str]:
 
 
 class Sampler:
-    def __init__(self, path: str, every_s: float, baseline_s: float) -> None:
-        self.path, self.every_s, self.baseline_s = path, every_s, baseline_s
+    def __init__(self, path: str, every_s: float, baseline_s: float, trace_frames: int = 0) -> None:
+        self.path, self.every_s, self.baseline_s, self.trace_frames = path, every_s, baseline_s, trace_frames
         self.t0 = time.monotonic()
         self.first_types: Counter[str] | None = None
         self.first_snapshot: tracemalloc.Snapshot | None = None
@@ -73,6 +74,10 @@ class Sampler:
         t = time.monotonic() - self.t0
         if self.first_types is None and t >= self.baseline_s:
             self.first_types = types
+            if self.trace_frames and not tracemalloc.is_tracing():
+                # Started here, not at launch: what it then holds was allocated after warm-up and is
+                # still alive, and the import and the model's load pay no tracing.
+                tracemalloc.start(self.trace_frames)
         grew = (types - self.first_types).most_common(12) if self.first_types is not None else []
         line: dict[str, Any] = {"t_s": round(t, 1), "rss": _rss(), "malloc": _mallinfo(),
                                 "objects": {"total": sum(types.values()), "grew": dict(grew)}}
@@ -80,10 +85,13 @@ class Sampler:
             snap = tracemalloc.take_snapshot()
             if self.first_snapshot is None:
                 self.first_snapshot = snap
-            top = snap.compare_to(self.first_snapshot, "lineno")[:8]
+            # With more than one frame traced (PYTHONTRACEMALLOC=N), whole call paths: a line that grows
+            # is often generic (a list's extend), and who called it is the finding.
+            deep = tracemalloc.get_traceback_limit() > 1
+            top = snap.compare_to(self.first_snapshot, "traceback" if deep else "lineno")[:8]
             line["traced"] = {"bytes": tracemalloc.get_traced_memory()[0],
-                              "grew": [{"where": str(s.traceback[0]), "bytes": s.size_diff, "count": s.count_diff}
-                                       for s in top]}
+                              "grew": [{"where": [str(f) for f in s.traceback[-6:]], "bytes": s.size_diff,
+                                        "count": s.count_diff} for s in top]}
         return line
 
     def run(self) -> None:
@@ -103,7 +111,8 @@ def main() -> int:
         print("server_memory: SHADOW_MEMORY_LOG (the JSON-lines file to append to) is not set", file=sys.stderr)
         return 2
     sampler = Sampler(path, float(os.environ.get("SHADOW_MEMORY_EVERY_S", "30")),
-                      float(os.environ.get("SHADOW_MEMORY_BASELINE_S", "300")))
+                      float(os.environ.get("SHADOW_MEMORY_BASELINE_S", "300")),
+                      int(os.environ.get("SHADOW_MEMORY_TRACE", "0")))
     threading.Thread(target=sampler.run, name="memory-sampler", daemon=True).start()
     from shadow.cli import main as shadow_main
 
