@@ -1,7 +1,8 @@
 """``shadow serve`` (and ``shadow proxy`` with the model in its process) caps glibc's malloc arenas at
 start: without the cap each thread that allocates gets an arena of its own (up to 8 a core), and the
 soak's server kept ~550 MiB of arenas for ~190 MiB in use, climbing for minutes after warm-up; with
-two, ~280 MiB and flat (benchmarks/README.md)."""
+two, ~280 MiB and flat (benchmarks/README.md). It also gives the heap's free pages back once a
+minute (``trim_every``)."""
 
 from __future__ import annotations
 
@@ -130,3 +131,64 @@ def test_proxy_with_the_model_in_its_process_caps_the_arenas_first(monkeypatch: 
     calls.clear()  # with --shadow URL the model lives in another process, which caps its own
     assert cli.main(["proxy", "--upstream", "http://127.0.0.1:9", "--shadow", "http://127.0.0.1:8"]) == 2
     assert calls == ["proxy"]
+
+
+# 64 MiB in blocks of 64 KiB (under the mmap threshold: cut from the heap), one kept past them so
+# the freed ones are a hole inside the heap, not its top, which free() would trim by itself
+HOLE = """
+import ctypes, json
+from shadow.adapters.allocator import fix_mmap_threshold, trim
+fix_mmap_threshold()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+blocks = [libc.malloc(64 << 10) for _ in range(1024)]
+for p in blocks:
+    libc.memset(p, 1, 64 << 10)
+keep = libc.malloc(64 << 10)
+for p in blocks:
+    libc.free(p)
+before = rss()
+released = trim()
+print(json.dumps({"released": released, "freed_mib": (before - rss()) / 2**20}))
+"""
+
+
+@needs_glibc
+def test_trim_gives_a_hole_in_the_heap_back_to_the_system() -> None:
+    import json
+
+    out = subprocess.run([sys.executable, "-c", HOLE], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=True)
+    got = json.loads(out.stdout)
+    assert got["released"] is True
+    assert got["freed_mib"] > 48, got  # most of the 64 MiB hole
+
+
+PERIODIC = """
+import json, threading, time
+from shadow.adapters import allocator
+calls = []
+real = allocator.trim
+allocator.trim = lambda: calls.append(1) or real()
+said = [allocator.trim_every(0.02), allocator.trim_every(5.0)]
+time.sleep(0.5)
+print(json.dumps({"said": said, "trims": len(calls),
+                  "threads": sum(t.name == "malloc-trim" for t in threading.enumerate())}))
+"""
+
+
+@needs_glibc
+def test_trimming_runs_on_one_thread_at_the_first_period() -> None:
+    import json
+
+    out = subprocess.run([sys.executable, "-c", PERIODIC], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=True)
+    got = json.loads(out.stdout)
+    assert got["said"] == ["free heap pages given back every 0.02 s"] * 2
+    assert got["threads"] == 1
+    assert got["trims"] >= 2 + 10  # one check a call, then the thread's own, about 25 in the half second
