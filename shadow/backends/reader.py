@@ -79,15 +79,10 @@ class TorchReader:
         # A stream of the reader's own: where the shadow shares a process with an engine (library
         # use, ab_cost), a read then waits for its own kernels only. Synchronising the device waited
         # for the engine's queued decode step too, and held the engine's host thread until then.
-        # At the highest priority: the GPU schedules a chunk's blocks before those of a decode step
-        # running beside it, so the step waits about the chunk's time, as when the two ran one
-        # after the other; at equal priority they shared the GPU and the step lost more (ab_cost,
-        # one agent: 1.41 % against 0.80 %). Kernels, shapes and order are the same on any stream
-        # and at any priority, so the bits are too.
+        # Kernels, shapes and order are the same on any stream, so the bits are too.
         self._stream: torch.cuda.Stream | None = None
         if model.device.type == "cuda":
-            # -100: below the device's range, so torch maps it to the highest priority there is
-            self._stream = torch.cuda.Stream(model.device, priority=-100)  # type: ignore[no-untyped-call]
+            self._stream = torch.cuda.Stream(model.device)  # type: ignore[no-untyped-call]
             self._stream.wait_stream(torch.cuda.current_stream(model.device))  # the weights, the static buffers
 
     @_on_own_stream
