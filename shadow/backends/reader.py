@@ -8,11 +8,10 @@ above the committed rows and put the conv and recurrent state back.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,19 +23,6 @@ if TYPE_CHECKING:
     from .qwen35.fast import FastForward
 
 Saved = tuple[list[torch.Tensor], list[torch.Tensor]]
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _on_own_stream(method: Callable[Concatenate[TorchReader, P], R]) -> Callable[Concatenate[TorchReader, P], R]:
-    """Run a reader call on the reader's CUDA stream (no-op off CUDA). Everything the reader
-    allocates, launches or copies goes there, so its tensors are only ever used on the stream they
-    were made on, and the caching allocator never hands a block to another stream early."""
-    def on_stream(self: TorchReader, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with torch.cuda.stream(self._stream):
-            return method(self, *args, **kwargs)
-    functools.update_wrapper(on_stream, method)
-    return on_stream
 
 
 @dataclass
@@ -76,16 +62,7 @@ class TorchReader:
             from .qwen35.fast import FastForward
 
             self.fast = FastForward(model, grid)
-        # A stream of the reader's own: where the shadow shares a process with an engine (library
-        # use, ab_cost), a read then waits for its own kernels only. Synchronising the device waited
-        # for the engine's queued decode step too, and held the engine's host thread until then.
-        # Kernels, shapes and order are the same on any stream, so the bits are too.
-        self._stream: torch.cuda.Stream | None = None
-        if model.device.type == "cuda":
-            self._stream = torch.cuda.Stream(model.device)  # type: ignore[no-untyped-call]
-            self._stream.wait_stream(torch.cuda.current_stream(model.device))  # the weights, the static buffers
 
-    @_on_own_stream
     def warm_up(self) -> float:
         """Capture the fast path's graphs, then launch what runs outside them (``qwen35.warm``);
         seconds taken (0 when there is nothing to capture)."""
@@ -117,13 +94,11 @@ class TorchReader:
     def dtype(self) -> str:
         return str(self.model.dtype).removeprefix("torch.")
 
-    @_on_own_stream
     def new_session(self) -> SessionTensors:
         return SessionTensors(self.model.new_state())
 
     # ---- a session as host tensors (what a parked file holds) ------------------------------
 
-    @_on_own_stream
     def serialise(self, book: SessionBook, tensors: SessionTensors) -> dict[str, torch.Tensor]:
         """Committed KV rows (not the spare capacity), conv and recurrent state, checkpoints."""
         s = tensors.state
@@ -142,7 +117,6 @@ class TorchReader:
                 out[f"checkpoint.{pos}.recurrent.{j}"] = rec[j].cpu()
         return out
 
-    @_on_own_stream
     def deserialise(self, book: SessionBook, data: Mapping[str, torch.Tensor]) -> SessionTensors:
         model = self.model
         state = model.new_state()
@@ -187,7 +161,6 @@ class TorchReader:
         """Commit the next whole chunk; returns its measured cost in seconds (device synchronised)."""
         return self.read_chunks([(book, tensors)])
 
-    @_on_own_stream
     def read_chunks(self, batch: Sequence[tuple[SessionBook, SessionTensors]]) -> float:
         """Commit the next whole chunk of each (book, tensors), each at its own depth; returns the
         measured cost of the whole call in seconds (device synchronised). Each session ends in the
@@ -217,14 +190,14 @@ class TorchReader:
         else:
             for ids, state in chunks:
                 self.model.forward(ids, state)
-        self._wait()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
         cost = self.timer() - t0
         for book, tensors in batch:
             book.committed_chunk()
             self.checkpoint_if_due(book, tensors)
         return cost
 
-    @_on_own_stream
     def checkpoint_if_due(self, book: SessionBook, tensors: SessionTensors) -> None:
         if book.checkpoint_due():
             tensors.checkpoints[book.committed] = tensors.state.save_recurrent()
@@ -232,7 +205,6 @@ class TorchReader:
             if dropped is not None:
                 tensors.checkpoints.pop(dropped, None)
 
-    @_on_own_stream
     def roll_back(self, tensors: SessionTensors, resume_at: int) -> None:
         """Return the state to ``resume_at``: a held checkpoint, or the empty state at 0.
         KV rows below the cut stay as they are: they depend only on the ids below it."""
@@ -251,12 +223,8 @@ class TorchReader:
     # ---- forks ---------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Wait until the reader's own work is done (not the device's: see ``__init__``)."""
-        self._wait()
-
-    def _wait(self) -> None:
-        if self._stream is not None:
-            self._stream.synchronize()
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
 
     def _forward_pieces(self, ids: list[int], state: ModelState) -> torch.Tensor:
         """fp32 logits of the last of ``ids`` after a forward in pieces of at most ``grid`` rows, as
@@ -272,7 +240,6 @@ class TorchReader:
         assert out is not None
         return out[0]
 
-    @_on_own_stream
     def fork_logits(self, book: SessionBook, tensors: SessionTensors, extra: list[int],
                     upto: int | None = None) -> torch.Tensor:
         """fp32 logits after the pending tail (up to ``upto``) and ``extra``, leaving the committed
@@ -293,7 +260,6 @@ class TorchReader:
             state.truncate(committed)
             state.load_recurrent(saved)
 
-    @_on_own_stream
     def fork_decode(self, book: SessionBook, tensors: SessionTensors, prompt: list[int], max_new: int,
                     stop: set[int], upto: int | None = None) -> list[int]:
         """Greedy decoding on top of the session, as if it ended at ``upto`` (the narrator's path);
@@ -323,7 +289,6 @@ class TorchReader:
 
     # ---- comparing states ------------------------------------------------------------------
 
-    @_on_own_stream
     def export(self, tensors: SessionTensors) -> dict[str, torch.Tensor]:
         """CPU copies, one stable name per tensor: committed KV rows, conv and recurrent state."""
         cfg = self.model.config
@@ -337,7 +302,6 @@ class TorchReader:
             out[f"layers.{layer}.recurrent"] = state.recurrent[j].cpu().clone()
         return out
 
-    @_on_own_stream
     def fresh(self, ids: list[int]) -> dict[str, torch.Tensor]:
         """``export`` of a fresh prefill of ``ids`` on the grid: every whole chunk, in order."""
         book = SessionBook(grid=self.grid, ids=list(ids))
@@ -346,7 +310,6 @@ class TorchReader:
             self.read_chunk(book, tensors)
         return self.export(tensors)
 
-    @_on_own_stream
     def probabilities(self, logits: torch.Tensor, token_ids: Sequence[int]) -> list[float]:
         """Softmax over the chosen tokens' logits only, in fp32."""
         picked = logits.float()[torch.tensor(list(token_ids), device=logits.device)]
