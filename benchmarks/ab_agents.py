@@ -289,16 +289,10 @@ def default_sessions(raw: Path) -> list[str]:
 def build_decoder(name: str, device: torch.device, dtype: torch.dtype, grid: int, agents: int, max_len: int,
                   seed: int = 1) -> tuple[BatchDecoder, dict[str, Any]]:
     """Random weights at shape ``name`` (as ``ab_engine.build_main``), decoding ``agents`` at once."""
-    from benchmarks.ab_engine import shape
-    from shadow.backends.qwen35 import Qwen35Config
-    from shadow.backends.qwen35.checkpoint import random_tensors
+    from benchmarks.ab_engine import random_model
 
     t0 = time.perf_counter()
-    cfg = Qwen35Config.from_dict(shape(name))
-    tensors = random_tensors(cfg, seed=seed, dtype=dtype, device=device)
-    params = sum(t.numel() for t in tensors.values())
-    model = Qwen35(cfg, tensors, device, dtype)
-    del tensors
+    model, params = random_model(name, device, dtype, seed)
     dec = BatchDecoder(model, grid, agents, max_len)
     _sync(device)
     built = time.perf_counter() - t0

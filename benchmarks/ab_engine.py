@@ -127,15 +127,19 @@ def _argmax(logits: torch.Tensor | None) -> int:
     return int(logits.reshape(-1, logits.shape[-1])[-1].argmax())
 
 
+def random_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 1) -> tuple[Qwen35, int]:
+    """Random weights at shape ``name``, drawn on ``device``; the model and its parameter count."""
+    cfg = Qwen35Config.from_dict(shape(name))
+    tensors = random_tensors(cfg, seed=seed, dtype=dtype, device=device)
+    params = sum(t.numel() for t in tensors.values())
+    return Qwen35(cfg, tensors, device, dtype), params  # the model holds what it needs of the tensors
+
+
 def build_main(name: str, device: torch.device, dtype: torch.dtype, grid: int, fast: bool,
                seed: int = 1) -> tuple[MainModel, dict[str, Any]]:
     """Random weights at shape ``name``, drawn on ``device``; returns the model and its start-up."""
     t0 = time.perf_counter()
-    cfg = Qwen35Config.from_dict(shape(name))
-    tensors = random_tensors(cfg, seed=seed, dtype=dtype, device=device)
-    params = sum(t.numel() for t in tensors.values())
-    model = Qwen35(cfg, tensors, device, dtype)
-    del tensors  # the model holds what it needs; the fast path merges and drops the rest
+    model, params = random_model(name, device, dtype, seed)
     main = MainModel(model, grid, fast)
     _sync(device)
     built = time.perf_counter() - t0

@@ -4,6 +4,7 @@ a median timer that syncs the device; matplotlib for the plots, where it is inst
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -22,17 +23,23 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def keep_newest(path: Path, sidecars: tuple[str, ...] = ()) -> None:
     """Before a run writes ``path`` (a stable name such as ``read_rate.json``), move the result already
     there, and its ``sidecars`` (suffixes such as ``.png``, ``.trace.jsonl``), to ``history/`` beside it,
-    named after the commit that file records; so the stable name always holds the newest run."""
+    named after the commit that file records; so the stable name always holds the newest run. A text
+    result (``pytest_gpu.txt``) records its commit on its first line: ``commit <hash> ...``."""
     if not path.is_file():
         return
-    try:
-        commit = str(json.loads(path.read_text(encoding="utf-8")).get("commit", "unknown"))[:7]
-    except (ValueError, AttributeError):
-        commit = "unknown"
+    text = path.read_text(encoding="utf-8")
+    commit = "unknown"
+    if path.suffix == ".json":
+        with contextlib.suppress(ValueError, AttributeError):  # not JSON, or not an object
+            commit = str(json.loads(text).get("commit", "unknown"))[:7]
+    else:
+        first = text.split(maxsplit=2)
+        if len(first) >= 2 and first[0] == "commit":
+            commit = first[1][:7]
     history = path.parent / "history"
     history.mkdir(exist_ok=True)
-    stem = path.name.removesuffix(".json")
-    for suffix in (".json", *sidecars):
+    stem = path.name.removesuffix(path.suffix)
+    for suffix in (path.suffix, *sidecars):
         old = path.parent / f"{stem}{suffix}"
         if old.is_file():
             old.replace(history / f"{stem}_{commit}{suffix}")

@@ -73,3 +73,10 @@ def test_a_new_run_moves_the_one_before_to_history(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "history" / "freshness_abcdef0.json").read_text())["commit"] == "abcdef0123"
     assert (tmp_path / "history" / "freshness_abcdef0.png").read_bytes() == b"png"
     keep_newest(tmp_path / "freshness.json")  # nothing there: nothing moves
+
+
+def test_a_text_result_moves_to_history_under_its_first_lines_commit(tmp_path: Path) -> None:
+    (tmp_path / "pytest_gpu.txt").write_text("commit 7c1981abcd (what ran), 2026-12-02, NVIDIA H200\n14 passed\n")
+    keep_newest(tmp_path / "pytest_gpu.txt")
+    assert not (tmp_path / "pytest_gpu.txt").exists()
+    assert (tmp_path / "history" / "pytest_gpu_7c1981a.txt").read_text().endswith("14 passed\n")
