@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from benchmarks import read_rate_floor as floor_mod
+from benchmarks.common import device_ms_per_call
 from shadow.backends.qwen35 import Qwen35, attention
 from shadow.backends.qwen35.graphs import clone_state, same_state
 from shadow.backends.reader import SessionTensors, TorchReader
@@ -104,24 +105,8 @@ TILES = ((attention.BM, attention.BN, attention.WARPS, attention.STAGES), (128, 
          (64, 64, 4, 2), (64, 32, 4, 4))
 
 
-def _per_call(fn: Any) -> float:
-    """ms a call: device events around 20 calls back to back (the host's launches hide behind the
-    kernels), median of 5 such samples, after one call."""
-    fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 20)
-    return sorted(times)[len(times) // 2]
-
-
 def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any]]:
-    """Our attention kernel (and its merge) alone, 512 rows above each depth (``_per_call``)."""
+    """Our attention kernel (and its merge) alone, 512 rows above each depth (``common.device_ms_per_call``)."""
     rows = 512
     cfg = reader.model.config
     dev = reader.model.device
@@ -138,7 +123,7 @@ def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any
             call = functools.partial(attention.attend, q, k, v, depth, o, bm=tiles[0], bn=tiles[1], warps=tiles[2],
                                      stages=tiles[3])
             try:
-                ms = _per_call(call)
+                ms = device_ms_per_call(call)
             except Exception as err:  # a tile that does not compile is reported
                 out.append({"figure": "attention_tiles", "depth": depth, "tiles": tiles, "error": str(err)[:200]})
                 continue

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import device_ms_per_call, environment
 
 HEADS, DIM, GRID, BT = 16, 128, 512, 64
 
@@ -71,20 +71,6 @@ def _as_sessions(x: dict[str, torch.Tensor], work: torch.Tensor, states: torch.T
     return gdn_fla.chunk_rule_in_place(x["q"], x["k"], x["v"], x["g"], x["beta"], states, work)
 
 
-def _ms(fn: Any) -> float:
-    fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 20)
-    return float(sorted(times)[2])
-
-
 def measure(chunks: int, seed: int) -> dict[str, Any]:
     rows = chunks * GRID
     x = _inputs(rows, seed)
@@ -95,9 +81,9 @@ def measure(chunks: int, seed: int) -> dict[str, Any]:
     return {"chunks": chunks, "rows": rows, "seed": seed,
             "equal_output": torch.equal(o1, o2), "equal_state": torch.equal(s1, s2),
             "rows_differing": int((o1 != o2).any(-1).any(-1).sum()),
-            "one_call_ms": _ms(lambda: _one_call(x, whole)),
-            "per_chunk_ms": _ms(lambda: _per_chunk(x, small)),
-            "as_sessions_ms": _ms(lambda: _as_sessions(x, whole, states))}
+            "one_call_ms": device_ms_per_call(lambda: _one_call(x, whole)),
+            "per_chunk_ms": device_ms_per_call(lambda: _per_chunk(x, small)),
+            "as_sessions_ms": device_ms_per_call(lambda: _as_sessions(x, whole, states))}
 
 
 def main() -> None:
