@@ -43,7 +43,7 @@ class _Mallinfo2(ctypes.Structure):
                  "keepcost")]
 
 
-def _mallinfo() -> dict[str, int] | None:
+def mallinfo() -> dict[str, int] | None:
     try:
         fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
     except (OSError, AttributeError):
@@ -79,7 +79,7 @@ class Sampler:
                 # still alive, and the import and the model's load pay no tracing.
                 tracemalloc.start(self.trace_frames)
         grew = (types - self.first_types).most_common(12) if self.first_types is not None else []
-        line: dict[str, Any] = {"t_s": round(t, 1), "rss": _rss(), "malloc": _mallinfo(),
+        line: dict[str, Any] = {"t_s": round(t, 1), "rss": _rss(), "malloc": mallinfo(),
                                 "objects": {"total": sum(types.values()), "grew": dict(grew)}}
         if tracemalloc.is_tracing() and self.first_types is not None:
             snap = tracemalloc.take_snapshot()

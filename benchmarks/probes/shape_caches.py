@@ -20,18 +20,16 @@ from typing import Any
 
 from benchmarks.common import environment
 
+REPO = Path(__file__).resolve().parents[2]
+
 ONE_RUN = """
-import ctypes, json, random, sys, tempfile, tracemalloc
+import json, random, sys, tempfile, tracemalloc
 import torch
 from shadow import ShadowSettings, build_shadow
 from shadow.adapters import allocator
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
+from benchmarks.probes.server_memory import mallinfo
 allocator.limit_arenas(); allocator.fix_mmap_threshold()
-class M(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = M
 ckpt = write_checkpoint(tempfile.mkdtemp() + "/m", demo_text_config(), dtype=torch.float32, seed=0)
 sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device="cpu", dtype="float32", grid=512,
                                  disk="off"))
@@ -44,7 +42,7 @@ tracemalloc.start()
 rows = []
 for i in range(int(sys.argv[1]) + 1):
     if i % 100 == 0:
-        rows.append({"asks": i, "heap_in_use": libc.mallinfo2().uordblks, "python": tracemalloc.get_traced_memory()[0]})
+        rows.append({"asks": i, "heap_in_use": mallinfo()["uordblks"], "python": tracemalloc.get_traced_memory()[0]})
     sh.feed_prompt("s", ids + [rng.randrange(1000) for _ in range(rng.randrange(0, 500))])
     sh.ask("s", "Is it done?", ["A", "B"])
 print(json.dumps(rows))
@@ -62,7 +60,7 @@ def main() -> None:
         if capacity is not None:
             env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = capacity
         out = subprocess.run([sys.executable, "-c", ONE_RUN, str(args.asks)], env=env, capture_output=True, text=True,
-                             check=True, timeout=3600)
+                             check=True, timeout=3600, cwd=REPO)
         rows = json.loads(out.stdout.strip().splitlines()[-1])
         runs.append({"onednn_primitive_cache_capacity": capacity or "unset (1024)", "rows": rows,
                      "heap_grew_mib": (rows[-1]["heap_in_use"] - rows[0]["heap_in_use"]) / 2**20,

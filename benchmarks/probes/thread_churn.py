@@ -10,7 +10,6 @@ per call. Why the server keeps anyio's worker threads (``shadow/api/server.py``)
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import random
 import tempfile
@@ -22,17 +21,14 @@ from typing import Any
 import torch
 
 from benchmarks.common import environment
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                                               "uordblks", "fordblks", "keepcost")]
+from benchmarks.probes.server_memory import mallinfo
 
 
 def _in_use() -> int:
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _Mallinfo2
-    return int(libc.mallinfo2().uordblks)
+    info = mallinfo()
+    if info is None:
+        raise SystemExit("thread_churn needs glibc's mallinfo2")
+    return info["uordblks"]
 
 
 def _left(call: Callable[[], object], calls: int, new_threads: bool) -> float:

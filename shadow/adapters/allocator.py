@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import threading
 import time
@@ -48,23 +49,24 @@ def tune() -> str:
     return f"{limit_arenas()}; {fix_mmap_threshold()}; {trim_every()}"
 
 
-def _libc_function(name: str, argtypes: list[type], restype: type) -> Callable[..., int] | None:
+@functools.cache  # find_library may run ldconfig: once a process, not at every minute's trim
+def _libc_function(name: str, argtypes: tuple[type, ...], restype: type) -> Callable[..., int] | None:
     try:
         fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes, fn.restype = argtypes, restype
+    fn.argtypes, fn.restype = list(argtypes), restype
     return fn  # type: ignore[no-any-return]
 
 
 def _mallopt() -> Callable[[int, int], int] | None:
-    return _libc_function("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+    return _libc_function("mallopt", (ctypes.c_int, ctypes.c_int), ctypes.c_int)
 
 
 def trim() -> bool | None:
     """Give the free pages of every arena back to the system now (``malloc_trim(0)``): whether any
     went back; None where there is no ``malloc_trim`` (not glibc)."""
-    malloc_trim = _libc_function("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+    malloc_trim = _libc_function("malloc_trim", (ctypes.c_size_t,), ctypes.c_int)
     return None if malloc_trim is None else malloc_trim(0) == 1
 
 
