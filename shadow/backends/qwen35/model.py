@@ -246,8 +246,14 @@ class Qwen35:
         kernel = cfg.linear_conv_kernel_dim
         cols = torch.cat((state.conv[i], qkv.t().to(layer.conv.dtype)), dim=1)  # [conv_dim, kernel + n]
         state.conv[i].copy_(cols[:, -kernel:])
-        mixed = F.conv1d(cols[None], layer.conv, groups=cfg.conv_dim)[0, :, 1:]  # [conv_dim, n]
-        mixed = F.silu(mixed).to(x.dtype).t()
+        # Row t sums columns t+1 .. t+kernel, in fp32 and in the fused kernel's order. Not F.conv1d:
+        # on the CPU it builds a oneDNN kernel for each new width and keeps it for the life of the
+        # process, so the heap grew with every new question length (probes/shape_caches.py).
+        w = layer.conv[:, 0, :].float()
+        mixed = w[:, 0, None] * cols[:, 1:1 + n].float()
+        for j in range(1, kernel):
+            mixed = mixed + w[:, j, None] * cols[:, j + 1:j + 1 + n].float()
+        mixed = F.silu(mixed).to(x.dtype).t()  # [n, conv_dim]
 
         kd, vd = cfg.key_dim, cfg.value_dim
         q = mixed[:, :kd].reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
