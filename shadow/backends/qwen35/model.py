@@ -49,6 +49,18 @@ def _gated_rms_norm(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: floa
     return ((w * n) * F.silu(z.float())).to(x.dtype)
 
 
+def _depthwise_conv(cols: torch.Tensor, weight: torch.Tensor, n: int) -> torch.Tensor:
+    """The GDN's causal conv on the CPU: row t sums columns t+1 .. t+kernel of ``cols``, in fp32,
+    in the fused kernel's order. Not F.conv1d: on the CPU that builds a oneDNN kernel for each new
+    width and keeps it for the life of the process, so a server's heap grew with every new
+    question length (``benchmarks/probes/shape_caches.py``)."""
+    w = weight[:, 0, :].float()
+    out = w[:, 0, None] * cols[:, 1:1 + n].float()
+    for j in range(1, w.shape[1]):
+        out = out + w[:, j, None] * cols[:, j + 1:j + 1 + n].float()
+    return out.to(cols.dtype)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -246,14 +258,11 @@ class Qwen35:
         kernel = cfg.linear_conv_kernel_dim
         cols = torch.cat((state.conv[i], qkv.t().to(layer.conv.dtype)), dim=1)  # [conv_dim, kernel + n]
         state.conv[i].copy_(cols[:, -kernel:])
-        # Row t sums columns t+1 .. t+kernel, in fp32 and in the fused kernel's order. Not F.conv1d:
-        # on the CPU it builds a oneDNN kernel for each new width and keeps it for the life of the
-        # process, so the heap grew with every new question length (probes/shape_caches.py).
-        w = layer.conv[:, 0, :].float()
-        mixed = w[:, 0, None] * cols[:, 1:1 + n].float()
-        for j in range(1, kernel):
-            mixed = mixed + w[:, j, None] * cols[:, j + 1:j + 1 + n].float()
-        mixed = F.silu(mixed).to(x.dtype).t()  # [n, conv_dim]
+        if cols.is_cuda:  # cuDNN: the bits of transformers' own forward (results/gpu_model.json)
+            mixed = F.conv1d(cols[None], layer.conv, groups=cfg.conv_dim)[0, :, 1:]  # [conv_dim, n]
+        else:
+            mixed = _depthwise_conv(cols, layer.conv, n)
+        mixed = F.silu(mixed).to(x.dtype).t()
 
         kd, vd = cfg.key_dim, cfg.value_dim
         q = mixed[:, :kd].reshape(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
