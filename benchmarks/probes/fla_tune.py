@@ -1,9 +1,11 @@
 """Which of fla's autotune configurations to pin for the GDN call of a 512-row chunk.
 
-fla's own autotuner times every configuration once, here, at the 0.8B's heads; the winners are
+fla's own autotuner times every configuration once, here, at the 0.8B's heads, for one session's
+chunk (batch 1) and for the batch path's 8 sessions' chunks (batch 8); the batch-1 winners are
 what ``shadow/data/kernels/fla_configs.json`` records (the shadow itself never autotunes: see
-``gdn_fla.py``). Also times one call, replayed in a CUDA graph, with the winners and with each
-kernel's first configuration.
+``gdn_fla.py``). One configuration serves every batch size (a session's bits must not depend on
+what it is batched with), so each set of winners, the pinned file's and each kernel's first
+configuration are timed at both batch sizes: one call replayed in a CUDA graph.
 
     python -m benchmarks.probes.fla_tune --out DIR      # writes DIR/fla_tune.json; CUDA and fla-core only
 """
@@ -43,19 +45,19 @@ def _config(c: Any) -> dict[str, Any]:
     return {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages}
 
 
-def _inputs(rows: int, heads: int, value_heads: int, dim: int = 128) -> tuple[torch.Tensor, ...]:
+def _inputs(rows: int, heads: int, value_heads: int, dim: int = 128, batch: int = 1) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def unit(*shape: int) -> torch.Tensor:
         return torch.nn.functional.normalize(torch.randn(*shape, device="cuda", generator=gen), dim=-1)
 
     group = value_heads // heads
-    q = unit(1, rows, heads, dim).repeat_interleave(group, 2).bfloat16()
-    k = unit(1, rows, heads, dim).repeat_interleave(group, 2).bfloat16()
-    v = torch.randn(1, rows, value_heads, dim, device="cuda", generator=gen).bfloat16()
-    g = -torch.rand(1, rows, value_heads, device="cuda", generator=gen) * 0.5
-    beta = torch.rand(1, rows, value_heads, device="cuda", generator=gen).bfloat16()
-    state = torch.randn(1, value_heads, dim, dim, device="cuda", generator=gen)
+    q = unit(batch, rows, heads, dim).repeat_interleave(group, 2).bfloat16()
+    k = unit(batch, rows, heads, dim).repeat_interleave(group, 2).bfloat16()
+    v = torch.randn(batch, rows, value_heads, dim, device="cuda", generator=gen).bfloat16()
+    g = -torch.rand(batch, rows, value_heads, device="cuda", generator=gen) * 0.5
+    beta = torch.rand(batch, rows, value_heads, device="cuda", generator=gen).bfloat16()
+    state = torch.randn(batch, value_heads, dim, dim, device="cuda", generator=gen)
     return q, k, v, g, beta, state
 
 
@@ -86,25 +88,36 @@ def _graph_us(x: tuple[torch.Tensor, ...], n: int = 50) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batches", default="1,8", help="batch sizes to tune at and time at")
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # fla's import warnings
-    x = _inputs(512, 16, 16)
-    _call(x)  # fla autotunes every kernel of the call at this shape
-    torch.cuda.synchronize()
+    batches = [int(b) for b in args.batches.split(",")]
+    inputs = {b: _inputs(512, 16, 16, batch=b) for b in batches}
+    _call(inputs[batches[0]])  # imports fla's kernels, so their tuners can be found
     tuners = _tuners()
-    firsts = {name: list(t.configs)[:1] for name, t in tuners.items()}
-    chosen = {name: t.best_config for name, t in tuners.items() if getattr(t, "best_config", None) is not None}
-    result: dict[str, Any] = {**environment(), "rows": 512, "heads": 16,
-                              "kernels": {name: _config(c) for name, c in sorted(chosen.items())}}
-    for name, config in chosen.items():
-        tuners[name].configs, tuners[name].cache = [config], {}
-    result["chosen_us"] = _graph_us(x)
-    for name in chosen:
-        tuners[name].configs, tuners[name].cache = firsts[name], {}
-    result["first_us"] = _graph_us(x)
+    every = {name: list(t.configs) for name, t in tuners.items()}
+    sets: dict[str, dict[str, Any]] = {}
+    for b in batches:
+        for name, t in tuners.items():
+            t.configs, t.cache = every[name], {}
+        _call(inputs[b])  # fla autotunes every kernel of the call at this shape
+        torch.cuda.synchronize()
+        sets[f"tuned_at_batch_{b}"] = {name: t.best_config for name, t in tuners.items()
+                                       if getattr(t, "best_config", None) is not None}
+    pinned = json.loads((Path(__file__).resolve().parents[2] / "shadow/data/kernels/fla_configs.json").read_text())
+    sets["pinned"] = {name: next((c for c in every[name] if _config(c) == want), None)
+                      for name, want in pinned["kernels"].items() if name in every}
+    sets["first"] = {name: every[name][0] for name in sets[f"tuned_at_batch_{batches[0]}"]}
+    result: dict[str, Any] = {**environment(), "rows": 512, "heads": 16, "batches": batches, "sets": {}}
+    for label, chosen in sets.items():
+        for name, t in tuners.items():
+            config = chosen.get(name)
+            t.configs, t.cache = ([config] if config is not None else every[name][:1]), {}
+        result["sets"][label] = {"kernels": {name: _config(c) for name, c in sorted(chosen.items()) if c is not None},
+                                 "us": {str(b): _graph_us(inputs[b]) for b in batches}}
+        print(label, result["sets"][label]["us"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fla_tune.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
