@@ -133,9 +133,9 @@ def _search(tuners: dict[str, Any], every: dict[str, list[Any]], start: dict[str
     chosen = dict(start)
 
     def timed() -> dict[str, float]:
-        for name, t in tuners.items():
+        for name in every:
             config = chosen.get(name)
-            t.configs, t.cache = ([config] if config is not None else every[name][:1]), {}
+            tuners[name].configs, tuners[name].cache = ([config] if config is not None else every[name][:1]), {}
         return {str(b): _graph_us(inputs[b]) for b in batches}
 
     base = timed()
