@@ -309,3 +309,44 @@ def test_a_batch_size_that_differs_is_refused_logged_and_not_used(checkpoints, m
     monkeypatch.setattr(reader.fast, "read_chunks", lambda chunks: passes.append(len(chunks)))
     reader.read_chunks([(a.book, a.tensors), (b.book, b.tensors)])
     assert passes == [1, 1]
+
+
+def test_a_span_reads_a_sessions_chunks_in_the_bits_of_one_pass_each(checkpoints, monkeypatch):
+    """One session's next 2 chunks in one pass give the tensors of 2 passes of one chunk
+    (torch.equal, every tensor, bf16): at depth, so the second chunk attends over the first in
+    the same pass. The warm-up check passes the span; a refused span and passes the path does not
+    take are errors, and nothing is read."""
+    from shadow.backends.qwen35 import graphs
+    from shadow.backends.qwen35.fast import FastForward
+
+    model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
+    ff = FastForward(model, grid=64, spans=(2,))
+    gen = torch.Generator().manual_seed(19)
+    ids = torch.randint(0, 248000, (3 * 64,), generator=gen)
+    base = model.new_state()
+    ff.read_chunk(ids[:64], base)
+    alone, spanned = graphs.clone_state(base), graphs.clone_state(base)
+    ff.read_chunk(ids[64:128], alone)
+    ff.read_chunk(ids[128:], alone)
+    ff.read_chunks([(ids[64:], spanned)])
+    assert alone.length == spanned.length == 3 * 64 and graphs.same_state(spanned, alone)
+    assert graphs.check_spans(ff) == {} and ff.report()["spans"] == {"2": "unchecked"}
+
+    with pytest.raises(ValueError, match="2 chunks or more"):
+        FastForward(model, grid=64, spans=(1,))
+    other = graphs.clone_state(base)
+    for bad in ([(ids[:], other)],  # 3 chunks: not a span this path takes
+                [(ids[64:], other), (ids[:128], graphs.clone_state(base))]):  # spans of two sessions
+        with pytest.raises(ValueError, match="span of"):
+            ff.read_chunks(bad)
+    real = FastForward._linear
+
+    def off_by_one_ulp_in_spans(self, r, x, w):  # a GEMM that rounds another way over two chunks
+        out = real(self, r, x, w)
+        return torch.nextafter(out, torch.full_like(out, float("inf"))) if r.seg > self.grid else out
+
+    monkeypatch.setattr(FastForward, "_linear", off_by_one_ulp_in_spans)
+    assert list(graphs.check_spans(ff)) == [2] and "differs" in ff.refused_spans[2]
+    with pytest.raises(ValueError, match="span of"):
+        ff.read_chunks([(ids[64:], other)])
+    assert graphs.same_state(other, base)

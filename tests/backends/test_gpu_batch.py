@@ -134,3 +134,29 @@ def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(shared_data, 
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split()[-len(digests):] == digests
     print(json.dumps({"rounds": rounds, "rollbacks": rollbacks, "depths": depths}))
+
+
+def test_a_real_session_read_in_spans_equals_one_chunk_a_pass(shared_data, checkpoint):
+    """One real session's chunks read in spans of 16, 2, 8, 1 and 4 chunks a pass (the spans captured
+    and checked at warm-up) give every tensor of the same chunks read one pass each."""
+    from shadow.backends.qwen35 import graphs
+    from shadow.backends.qwen35.fast import FastForward
+
+    model = Qwen35.from_pretrained(checkpoint, device="cuda", dtype="bfloat16")
+    fast = FastForward(model, GRID, spans=(2, 4, 8, 16))
+    fast.warm_up()
+    assert fast.report()["spans"] == {"2": "ok", "4": "ok", "8": "ok", "16": "ok"}, fast.refused_spans
+    last = _turns(shared_data)[1][-1]
+    ids = torch.tensor(last.prompt_ids + last.output_ids, dtype=torch.long)
+    chunks = ids.shape[0] // GRID
+    assert chunks >= 31, chunks
+    spanned, alone = model.new_state(), model.new_state()
+    at, asked = 0, [16, 2, 8, 1, 4]
+    while at < chunks:
+        k = max(s for s in (1, 2, 4, 8, 16) if s <= min(asked[0], chunks - at))
+        asked = asked[1:] + asked[:1]
+        fast.read_chunks([(ids[at * GRID:(at + k) * GRID], spanned)])
+        at += k
+    for c in range(chunks):
+        fast.read_chunk(ids[c * GRID:(c + 1) * GRID], alone)
+    assert graphs.same_state(spanned, alone)

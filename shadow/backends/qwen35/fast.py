@@ -40,6 +40,15 @@ from that session's alone, in the same order:
   documents that the CPU library's blocking ignores the row count, and the eager path has no
   warm-up check to catch it.
 
+A span: one pass reads k consecutive chunks of each of its sessions (``k * grid`` rows a session),
+each session's chunks in the bits of reading them one pass each: the rows are the same and so is
+everything row-wise; the conv takes a chunk's held columns from the rows before it, the very values
+a chunk's state would hold; fla's state kernel carries the recurrent state across the chunks in
+fp32, as the slots carry it between passes (``benchmarks/probes/gdn_span.py``: bit-equal on the
+H200); attention runs one call a chunk, at that chunk's own start. Spans are captured and checked
+only for the sizes ``FastForward(spans=...)`` names (none by default: the service does not read
+them yet).
+
 Row counts: a read uses ``B * grid`` rows for each batch size B; a fork runs whole ``grid`` passes
 and then one padded pass of the smallest captured size that holds the rest. Padding rows come after
 the real ones: attention is causal, and the gate kernel gives them no decay and no write
@@ -83,7 +92,7 @@ class FastForward:
     """The fast forward of one model. One instance serves every session, one forward at a time."""
 
     def __init__(self, model: Qwen35, grid: int, graphs: bool | None = None,
-                 batches: Sequence[int] | None = None) -> None:
+                 batches: Sequence[int] | None = None, spans: Sequence[int] = ()) -> None:
         if model.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("the fast path off CUDA runs its Triton kernels under Triton's interpreter: "
                              "set TRITON_INTERPRET=1 before start (slow; meant for tests)")
@@ -111,8 +120,12 @@ class FastForward:
         if 1 not in batches or any(b < 1 for b in batches):
             raise ValueError(f"batch sizes must be positive and include 1, got {list(batches)}")
         self.batches = tuple(sorted(set(batches)))
-        # Per batch size: None while usable, else why it is not (its warm-up check failed).
+        if any(k < 2 for k in spans):
+            raise ValueError(f"a span is 2 chunks or more, got {list(spans)}")
+        self.spans = tuple(sorted(set(spans)))  # chunks one session reads in one pass (captured, checked)
+        # Per batch size (per span size): why it is not used (its warm-up check failed); absent if usable.
         self.refused: dict[int, str] = {}
+        self.refused_spans: dict[int, str] = {}
         # Without CUDA, GEMMs run per session (module docstring).
         self.gemm_per_session = self.device.type != "cuda"
         slots, layers = self.batches[-1], len(cfg.linear_layers)
@@ -121,7 +134,7 @@ class FastForward:
                                     dtype=model.dtype)
         self.rec_all = torch.zeros(layers, slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                    cfg.linear_value_head_dim, device=self.device, dtype=torch.float32)
-        self.rows: dict[int, Rows] = {}
+        self.rows: dict[tuple[int, int], Rows] = {}  # by (rows, rows a session)
         self.pool: Any = None
         self.capture_s = 0.0
         self.capture_bytes = 0
@@ -139,6 +152,11 @@ class FastForward:
     def sizes(self) -> tuple[int, ...]:
         """Every row count a pass may take: the fork sizes, the grid, and each batch's rows."""
         return tuple(s for s in FORK_SIZES if s < self.grid) + tuple(b * self.grid for b in self.batches)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, int], ...]:
+        """Every (rows, rows a session) a pass may take: ``sizes``, and each span's."""
+        return tuple((n, min(n, self.grid)) for n in self.sizes) + tuple((k * self.grid,) * 2 for k in self.spans)
 
     @property
     def usable(self) -> tuple[int, ...]:
@@ -161,24 +179,25 @@ class FastForward:
         the torch form): a decode step's few rows cost more in the chunked form's launches."""
         return self._fla is not None and n >= 16
 
-    def _rows_for(self, n: int) -> Rows:
-        rows = self.rows.get(n)
+    def _rows_for(self, n: int, seg: int | None = None) -> Rows:
+        seg = min(n, self.grid) if seg is None else seg
+        rows = self.rows.get((n, seg))
         if rows is None:
             cfg = self.cfg
-            rows = Rows.make(n, min(n, self.grid), cfg.num_attention_heads, cfg.head_dim, self.device,
-                             self.model.dtype)
+            rows = Rows.make(n, seg, cfg.num_attention_heads, cfg.head_dim, self.device, self.model.dtype)
             if self._chunked(n):
                 rows.solve = torch.zeros(1, n, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=self.device,
                                          dtype=self.model.dtype)
-            self.rows[n] = rows
+            self.rows[(n, seg)] = rows
         return rows
 
     # ---- the pieces ----------------------------------------------------------------------------
 
     def _linear(self, r: Rows, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if not self.gemm_per_session or r.sessions == 1:
+        step = min(r.seg, self.grid)  # off CUDA a GEMM never takes two chunks' rows
+        if not self.gemm_per_session or r.n <= step:
             return F.linear(x, w)
-        return torch.cat([F.linear(x[at:at + r.seg], w) for at in range(0, r.n, r.seg)])
+        return torch.cat([F.linear(x[at:at + step], w) for at in range(0, r.n, step)])
 
     def _norm(self, r: Rows, w: torch.Tensor) -> torch.Tensor:
         """``rmsnorm(h + delta)``, with the pending delta added into the stream in place."""
@@ -216,18 +235,20 @@ class FastForward:
         if chunked:
             assert r.solve is not None
             o = self._fla.chunk_rule_in_place(q, k, v, g, beta, states, r.solve)
-        else:
+        else:  # a call a chunk (or a session's rows, if fewer), each from what the one before left
             outs = []
-            for i, rows in enumerate(range(0, n, r.seg)):
-                part = slice(rows, rows + r.seg)
-                args = (q[part], k[part], v[part], g[part], beta[part], states[i])
+            step = min(r.seg, self.grid)
+            for rows in range(0, n, step):
+                part = slice(rows, rows + step)
+                state = states[rows // r.seg]
+                args = (q[part], k[part], v[part], g[part], beta[part], state)
                 if self._fla is None:
                     o_i, new = gated_delta_rule_chunked(*args, normalized=True)
                 else:
                     o_i, new = self._fla.recurrent_step(*args, normalized=True)
-                states[i].copy_(new)
+                state.copy_(new)
                 outs.append(o_i)
-            o = outs[0] if b == 1 else torch.cat(outs)
+            o = outs[0] if len(outs) == 1 else torch.cat(outs)
         y = torch.empty(n, vd, device=x.device, dtype=x.dtype)
         kernels.gated_norm(o.contiguous(), proj, z_off, lw.norm, self.eps, y)
         r.delta = self._linear(r, y, lw.out)
@@ -287,9 +308,11 @@ class FastForward:
         # launches between the pieces are host time the device waits for
         torch._foreach_copy_([t for s, at, _ in spans for t in (s.k[i][at:at + r.seg], s.v[i][at:at + r.seg])],
                              [t for _, _, rows in spans for t in (k_all[rows], v_all[rows])])
-        if compute:
+        if compute:  # a call a chunk, at its own start: its split rule sees that chunk's depth only
+            step = min(r.seg, self.grid)
             for state, start, rows in spans:
-                self._attend_one(q_all[rows], state, i, start, r.attn[rows])
+                for at in range(rows.start, rows.stop, step):
+                    self._attend_one(q_all[at:at + step], state, i, start + at - rows.start, r.attn[at:at + step])
 
     def _attend_one(self, q: torch.Tensor, state: ModelState, i: int, start: int, out: torch.Tensor) -> None:
         cfg, n = self.cfg, q.shape[0]
@@ -308,11 +331,13 @@ class FastForward:
                                            scale=cfg.head_dim ** -0.5, enable_gqa=True)
         out.copy_(o[0].permute(1, 0, 2))
 
-    def _pass(self, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool) -> torch.Tensor | None:
-        """One forward of ``ids`` (a captured row count: one session's, or ``grid`` rows for each of
-        ``states``, the first ``real`` of each session's rows real) at each state's length, on the
-        static conv and recurrent slots. Returns logits of the last real row if asked (one session)."""
-        r = self._rows_for(ids.shape[0])
+    def _pass(self, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool,
+              seg: int | None = None) -> torch.Tensor | None:
+        """One forward of ``ids`` (a captured row count: one session's, or ``seg`` rows, ``grid`` by
+        default, for each of ``states``, the first ``real`` of each session's rows real) at each
+        state's length, on the static conv and recurrent slots. Returns logits of the last real row
+        if asked (one session)."""
+        r = self._rows_for(ids.shape[0], seg)
         if len(states) != r.sessions:
             raise ValueError(f"{r.n} rows are {r.sessions} sessions' passes, got {len(states)} sessions")
         starts = [s.length for s in states]
@@ -339,24 +364,30 @@ class FastForward:
         self.read_chunks([(ids, state)])
 
     def read_chunks(self, chunks: Sequence[tuple[torch.Tensor, ModelState]]) -> None:
-        """Commit ``grid`` ids to each state in one pass (a batch size this path takes): each state
-        moves on exactly as if its chunk were read alone."""
+        """Commit ``grid`` ids to each state in one pass (a batch size this path takes), or ``k *
+        grid`` ids to one state (a span of a size given at construction): each state moves on
+        exactly as if its chunks were read alone, one pass each."""
         b = len(chunks)
-        if b not in self.batches:
+        seg = chunks[0][0].shape[0] if chunks else 0
+        if seg == self.grid and b not in self.batches:
             raise ValueError(f"a pass reads {list(self.batches)} sessions, got {b}")
+        if seg != self.grid and (seg % self.grid or seg // self.grid not in self.spans or b != 1
+                                 or seg // self.grid in self.refused_spans):
+            raise ValueError(f"a pass reads {self.grid} ids a session, or one session's span of "
+                             f"{list(self.spans)} chunks; got {b} of {seg} ids")
         for ids, _ in chunks:
-            if ids.shape[0] != self.grid:
-                raise ValueError(f"a chunk is {self.grid} ids, got {ids.shape[0]}")
+            if ids.shape[0] != seg:
+                raise ValueError(f"a pass reads the same number of ids a session, got {ids.shape[0]} and {seg}")
         states = [state for _, state in chunks]
         if len({id(s) for s in states}) != b:
             raise ValueError("a session appears twice in one batch")
         for slot, state in enumerate(states):
             self._copy(state, slot, into_slot=True)
-        self._pass(chunks[0][0] if b == 1 else torch.cat([ids for ids, _ in chunks]), states, self.grid,
-                   logits=False)
+        self._pass(chunks[0][0] if b == 1 else torch.cat([ids for ids, _ in chunks]), states, seg,
+                   logits=False, seg=seg)
         for slot, state in enumerate(states):
             self._copy(state, slot, into_slot=False)
-            state.length += self.grid
+            state.length += seg
 
     def _copy(self, state: ModelState, slot: int, into_slot: bool) -> None:
         """A session's conv and recurrent state into static slot ``slot`` or back: two copies when

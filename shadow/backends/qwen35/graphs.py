@@ -49,8 +49,8 @@ def capture(fast: FastForward) -> None:
         stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(dev))
         # largest first, so the smaller ones fit in what it leaves (the pool is shared)
-        for n in sorted(fast.sizes, reverse=True):
-            r = fast._rows_for(n)
+        for n, seg in sorted(fast.shapes, reverse=True):
+            r = fast._rows_for(n, seg)
             r.valid.fill_(1)  # the capture's runs write scratch rows only
             pieces = fast.pieces(n)
             with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
@@ -95,11 +95,14 @@ def same_state(a: ModelState, b: ModelState) -> bool:
 
 def check(fast: FastForward, seed: int = CHECK_SEED) -> dict[int, str]:
     """Read random sessions at mixed depths in each batch size above 1 and alone; refuse (in
-    ``fast.refused``) each size where some session's tensors differ. Returns the refusals."""
+    ``fast.refused``) each size where some session's tensors differ, and likewise each span size
+    (``check_spans``). Returns the batch sizes' refusals."""
+    t0 = time.perf_counter()
+    check_spans(fast, seed)
     sizes = [b for b in fast.batches if b > 1]
     if not sizes:
+        fast.check_s = time.perf_counter() - t0
         return {}
-    t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(seed)
     vocab = fast.cfg.vocab_size
 
@@ -144,6 +147,24 @@ def check(fast: FastForward, seed: int = CHECK_SEED) -> dict[int, str]:
     return {b: why for b, why in fast.refused.items() if b in sizes}
 
 
+def check_spans(fast: FastForward, seed: int = CHECK_SEED) -> dict[int, str]:
+    """Each span size: a session one chunk deep reads its next k chunks in one pass and one pass a
+    chunk; a size whose tensors differ is refused (``fast.refused_spans``) and logged."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    for k in fast.spans:
+        ids = torch.randint(0, fast.cfg.vocab_size, ((k + 1) * fast.grid,), generator=gen)
+        base = fast.model.new_state()
+        fast.read_chunk(ids[:fast.grid], base)
+        alone, spanned = clone_state(base), clone_state(base)
+        for j in range(1, k + 1):
+            fast.read_chunk(ids[j * fast.grid:(j + 1) * fast.grid], alone)
+        fast.read_chunks([(ids[fast.grid:], spanned)])
+        if not same_state(alone, spanned):
+            fast.refused_spans[k] = f"a span of {k} chunks differs from its chunks read one pass each"
+            log.warning("fast path: span of %d chunks not used: %s", k, fast.refused_spans[k])
+    return dict(fast.refused_spans)
+
+
 def report(fast: FastForward) -> dict[str, Any]:
     """What the fast path holds beside the sessions, shared by all of them, for this model's size."""
     cfg = fast.cfg
@@ -156,6 +177,7 @@ def report(fast: FastForward) -> dict[str, Any]:
         "model": {"hidden_size": cfg.hidden_size, "layers": len(cfg.layer_types), "dtype": str(fast.model.dtype)},
         # per batch size: "ok" once checked, "unchecked" before (or without graphs), else why not used
         "batches": {str(b): why for b, why in fast.batch_sizes().items()},
+        "spans": {str(k): fast.refused_spans.get(k, "ok" if fast.check_s else "unchecked") for k in fast.spans},
         "max_batch": fast.max_batch, "check_s": fast.check_s,
         "state_slots": fast.batches[-1], "state_slot_bytes": slot_bytes,
         "static_bytes": static, "merged_weight_bytes": merged,
