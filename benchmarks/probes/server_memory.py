@@ -12,6 +12,9 @@ the C heap fragments. Each line holds:
 - ``malloc``: glibc's ``mallinfo2()``, all arenas: ``arena`` (heap bytes got by brk and in the other
   arenas), ``hblkhd`` (bytes in mmapped blocks), ``uordblks`` (in use), ``fordblks`` (free inside
   the heap, which RSS still counts where touched), ``keepcost`` (releasable at the top);
+- ``maps``: where the resident bytes lie (``/proc/self/smaps``): anonymous and file-backed KiB, and
+  each mapping holding at least 1 MiB by its address range and name, so that a region outside
+  glibc's heap that grows shows itself;
 - ``objects``: objects the garbage collector tracks, and the 12 types that grew most since the
   baseline, the first line at least ``SHADOW_MEMORY_BASELINE_S`` seconds (300) in: after warm-up,
   so that what the imports and the model's load made does not hide what piles up later;
@@ -58,6 +61,31 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _maps() -> dict[str, Any] | None:
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    anon = file = 0
+    big: dict[str, int] = {}
+    name, backed = "", False
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):  # a mapping's first line
+            name = head[0] + (" " + head[5] if len(head) > 5 else "")
+            backed = len(head) > 5 and head[5].startswith("/")
+        elif head[:1] == ["Rss:"]:
+            kb = int(head[1])
+            if backed:
+                file += kb
+            else:
+                anon += kb
+            if kb >= 1024:
+                big[name] = kb
+    return {"anon_kb": anon, "file_kb": file, "big": big}
+
+
 def _types() -> Counter[str]:
     return Counter(type(o).__qualname__ for o in gc.get_objects())
 
@@ -79,7 +107,7 @@ class Sampler:
                 # still alive, and the import and the model's load pay no tracing.
                 tracemalloc.start(self.trace_frames)
         grew = (types - self.first_types).most_common(12) if self.first_types is not None else []
-        line: dict[str, Any] = {"t_s": round(t, 1), "rss": _rss(), "malloc": mallinfo(),
+        line: dict[str, Any] = {"t_s": round(t, 1), "rss": _rss(), "malloc": mallinfo(), "maps": _maps(),
                                 "objects": {"total": sum(types.values()), "grew": dict(grew)}}
         if tracemalloc.is_tracing() and self.first_types is not None:
             snap = tracemalloc.take_snapshot()
