@@ -255,7 +255,7 @@ def drain(service: Any, names: Sequence[str], grid: int, timeout_s: float) -> tu
 
 
 def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: torch.dtype, grid: int,
-                  ration: float | None, trace: Path) -> tuple[Any, Any, dict[str, Any]]:
+                  ration: float | None, trace: Path, stream: str = "own") -> tuple[Any, Any, dict[str, Any]]:
     """A random checkpoint at ``shadow_shape``, and the service over it, loaded and warm (on this
     thread, before its idle loop starts: nothing else runs on the device while graphs are captured)."""
     from shadow.backends.qwen35 import Qwen35Config
@@ -272,7 +272,7 @@ def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: to
     written = time.perf_counter() - t0
     settings = ShadowSettings(_env_file=None, model=str(home / "shadow-model"), device=str(device),
                               dtype="bfloat16" if dtype == torch.bfloat16 else "float32", grid=grid, disk="off",
-                              gb=32, dir=str(home), trace="jsonl", trace_file=str(trace),
+                              gb=32, dir=str(home), trace="jsonl", trace_file=str(trace), stream=stream,
                               **({} if ration is None else {"ration": ration}))
     container = build_container(settings)
     service = container.service()
@@ -286,7 +286,7 @@ def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: to
                                 "fast_report": container.reader().fast_report(), "grid": grid,
                                 "ration": settings.ration, "ration_scope": settings.ration_scope,
                                 "idle_window_s": settings.idle_window_s, "idle_poll_s": settings.idle_poll_s,
-                                "slice_ms": settings.slice_ms}
+                                "slice_ms": settings.slice_ms, "stream": settings.stream}
 
 
 # ---- the result --------------------------------------------------------------------------------
@@ -372,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tmp", default=None, help="where the shadow's random checkpoint is written")
     ap.add_argument("--overlap", action="store_true",
                     help="report each round while the GPU runs the next step (an overlapped engine)")
+    ap.add_argument("--stream", choices=("own", "caller"), default="own",
+                    help="the reader's CUDA stream (the STREAM setting); caller adds -caller to the file's name")
     ap.add_argument("--smoke", action="store_true", help="1 run per arm, no warm-up, 2 turns, 16 ids of output")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -405,7 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
          f"{sum(s.output_ids for s in sessions)} output ids a run; device {device}, main {args.main_shape} "
          f"({'fast' if fast else 'eager'}), shadow {shadow_shape}", t_start)
 
-    suffix = "".join(tag for tag, on in (("-overlap", args.overlap), ("-smoke", args.smoke),
+    suffix = "".join(tag for tag, on in (("-overlap", args.overlap), ("-caller", args.stream == "caller"),
+                                          ("-smoke", args.smoke),
                                           ("-cpu", device.type == "cpu")) if on)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"ab_cost{suffix}"
@@ -418,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="ab_cost-") as tmp:
         container, service, shadow_info = build_service(Path(tmp), shadow_shape, device, dtype, args.grid,
-                                                        args.ration, trace_path)
+                                                        args.ration, trace_path, args.stream)
         _say(f"shadow service loaded and warm in {shadow_info['load_and_warm_s']:.1f} s", t_start)
         try:
             schedule = [(arm, True) for _ in range(args.warmup) for arm in ARMS]

@@ -3,7 +3,10 @@
 0-2k (session b at 1024, 0, 2048, 512, 1536, ... ids: mixed depths in one batch), 32k and 100k;
 the attention kernel's rate at 32k and 100k (512 rows); and, on the same path in the same run, the
 exactness of batched reads: 16 sessions at mixed depths read in one batch equal each session read
-alone and a fresh prefill of its ids (``torch.equal`` on every tensor).
+alone and a fresh prefill of its ids (``torch.equal`` on every tensor). Spans: one session reads
+its next k = 2, 4, 8, 16 chunks in one pass (``figure: "span_chunk"``, ``read_span``) from depth 0
+and 32k; the warm-up checks each span size against its chunks read one pass each (``fast_report``'s
+``spans``).
 
 Timing sessions are put at their depth without reading up to it: their KV rows below the depth are
 random values (what attention reads costs the same whatever the values), their conv and recurrent
@@ -41,12 +44,14 @@ class BatchPlan:
     exact_sessions: int = 16
     exact_chunks: int = 6  # session b of the exactness check starts at depth (b % this) chunks
     attention_depths: tuple[int, ...] = (32768, 100352)
+    spans: tuple[int, ...] = (2, 4, 8, 16)  # one session's chunks a pass (``span_chunk`` rows)
+    span_depths: tuple[int, ...] = (0, 32768)
     grid: int = 512
 
 
 # A smoke run on the CPU (the tiny model under Triton's interpreter): a 64-id grid, two sessions.
 CPU_PLAN = BatchPlan(sizes=(1, 2), depths=(0,), repeats=1, exact_sessions=2, exact_chunks=2, attention_depths=(),
-                     grid=64)
+                     spans=(2,), span_depths=(0,), grid=64)
 
 
 def _group(depth: int, b: int) -> list[int]:
@@ -97,6 +102,27 @@ def _timings(reader: TorchReader, plan: BatchPlan, rates: tuple[float, float], e
             _sync(reader.model.device)
             if reader.model.device.type == "cuda":
                 torch.cuda.empty_cache()
+    return rows
+
+
+def _span_timings(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any]]:
+    """One session at ``depth`` reading its next ``k`` chunks in one pass (``read_span``), ms per 512
+    ids: the median of ``repeats`` passes after one warm pass, each on a session placed anew, so that
+    every pass starts at the depth. A span size the warm-up check refused has no row."""
+    rng = random.Random(19)
+    rows = []
+    for depth in plan.span_depths:
+        for k in reader.spans:
+            costs = []
+            for _ in range(plan.repeats + 1):
+                book, tensors = _placed(reader, depth, k, rng)
+                costs.append(reader.read_span(book, tensors, k))
+                del book, tensors
+            costs = costs[1:]
+            ms = sorted(costs)[len(costs) // 2] * 1000 / k * 512 / reader.grid
+            rows.append({"figure": "span_chunk", "span": k, "depth": depth, "ours_ms": ms,
+                         "passes_ms": [c * 1000 for c in costs]})
+            _sync(reader.model.device)
     return rows
 
 
@@ -190,12 +216,12 @@ def _exact(reader: TorchReader, plan: BatchPlan) -> dict[str, Any]:
 def measure(ckpt: Path, device: str, dtype: str, plan: BatchPlan, rates: tuple[float, float]) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = Qwen35.from_pretrained(ckpt, device=device, dtype=dtype)
-    reader = TorchReader(model, plan.grid, fast=True)
+    reader = TorchReader(model, plan.grid, fast=True, spans=plan.spans)
     warm = reader.warm_up()
     report = reader.fast_report()
     elem = 2 if dtype == "bfloat16" else 4
     exact = _exact(reader, plan)
-    rows = _timings(reader, plan, rates, elem)
+    rows = _timings(reader, plan, rates, elem) + _span_timings(reader, plan)
     if device == "cuda":
         rows += _attention_rates(reader, plan)
         rows += [_busy(reader, b, d) for b, d in ((1, 0), (8, 0), (16, 0), (8, 32768))]

@@ -64,11 +64,11 @@ def _model(settings: ShadowSettings) -> Qwen35:
     return Qwen35.from_pretrained(settings.model, device=device, dtype=settings.dtype)
 
 
-def _reader(model: Qwen35, grid: int, fast: str, timer: Callable[[], float]) -> TorchReader:
+def _reader(model: Qwen35, grid: int, fast: str, timer: Callable[[], float], stream: str) -> TorchReader:
     from shadow.backends.reader import TorchReader
 
     return TorchReader(model, grid, fast=fast == "on" or (fast == "auto" and model.device.type == "cuda"),
-                       timer=timer)
+                       timer=timer, stream="own" if stream == "own" else "caller")
 
 
 DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"
@@ -207,7 +207,8 @@ class Container(containers.DeclarativeContainer):
     telemetry = providers.Singleton(_telemetry, tracer_provider, settings, metrics)
     model = providers.Singleton(_model, settings)
     reader_timer = providers.Object(time.perf_counter)  # what a chunk's cost is measured with (tests inject one)
-    reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast, reader_timer)
+    reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast, reader_timer,
+                                 settings.provided.stream)
     prompter = providers.Singleton(_prompter)
     memory = providers.Singleton(_memory)
     disk = providers.Selector(providers.Callable(_disk_kind, settings),

@@ -8,10 +8,11 @@ above the committed rows and put the conv and recurrent state back.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Concatenate, Literal, ParamSpec, TypeVar
 
 import torch
 
@@ -23,6 +24,19 @@ if TYPE_CHECKING:
     from .qwen35.fast import FastForward
 
 Saved = tuple[list[torch.Tensor], list[torch.Tensor]]
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _on_own_stream(method: Callable[Concatenate[TorchReader, P], R]) -> Callable[Concatenate[TorchReader, P], R]:
+    """Run a reader call on the reader's CUDA stream (no-op off CUDA). Everything the reader
+    allocates, launches or copies goes there, so its tensors are only ever used on the stream they
+    were made on, and the caching allocator never hands a block to another stream early."""
+    def on_stream(self: TorchReader, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with torch.cuda.stream(self._stream):
+            return method(self, *args, **kwargs)
+    functools.update_wrapper(on_stream, method)
+    return on_stream
 
 
 @dataclass
@@ -48,11 +62,14 @@ class TorchReader:
     each other within bf16 rounding."""
 
     def __init__(self, model: Qwen35, grid: int, fast: bool = False,
-                 timer: Callable[[], float] = time.perf_counter, max_batch: int = 1) -> None:
+                 timer: Callable[[], float] = time.perf_counter, max_batch: int = 1,
+                 stream: Literal["own", "caller"] = "own", spans: Sequence[int] = ()) -> None:
         if grid <= 0 or grid % 64:
             raise ValueError(f"grid must be a positive multiple of 64, got {grid}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if stream not in ("own", "caller"):
+            raise ValueError(f"stream must be 'own' or 'caller', got {stream!r}")
         self.model = model
         self.grid = grid
         self.timer = timer  # what a chunk's cost is measured with: injectable, as the schedulers' clock is
@@ -61,8 +78,23 @@ class TorchReader:
         if fast:
             from .qwen35.fast import FastForward
 
-            self.fast = FastForward(model, grid)
+            self.fast = FastForward(model, grid, spans=spans)
+        # A stream of the reader's own: where the shadow shares a process with an engine (library
+        # use, ab_cost), a read then waits for its own kernels only. Synchronising the device waited
+        # for the engine's queued decode step too, and held the engine's host thread until then.
+        # At the highest priority: the GPU schedules a chunk's blocks before those of a decode step
+        # running beside it, so the step waits about the chunk's time, as when the two ran one
+        # after the other; at equal priority they shared the GPU and the step lost more (ab_cost,
+        # one agent: 1.41 % against 0.80 %). Kernels, shapes and order are the same on any stream
+        # and at any priority, so the bits are too.
+        # stream="caller" keeps the caller's current stream and synchronises the device.
+        self._stream: torch.cuda.Stream | None = None
+        if model.device.type == "cuda" and stream == "own":
+            # -100: below the device's range, so torch maps it to the highest priority there is
+            self._stream = torch.cuda.Stream(model.device, priority=-100)  # type: ignore[no-untyped-call]
+            self._stream.wait_stream(torch.cuda.current_stream(model.device))  # the weights, the static buffers
 
+    @_on_own_stream
     def warm_up(self) -> float:
         """Capture the fast path's graphs, then launch what runs outside them (``qwen35.warm``);
         seconds taken (0 when there is nothing to capture)."""
@@ -94,11 +126,13 @@ class TorchReader:
     def dtype(self) -> str:
         return str(self.model.dtype).removeprefix("torch.")
 
+    @_on_own_stream
     def new_session(self) -> SessionTensors:
         return SessionTensors(self.model.new_state())
 
     # ---- a session as host tensors (what a parked file holds) ------------------------------
 
+    @_on_own_stream
     def serialise(self, book: SessionBook, tensors: SessionTensors) -> dict[str, torch.Tensor]:
         """Committed KV rows (not the spare capacity), conv and recurrent state, checkpoints."""
         s = tensors.state
@@ -117,6 +151,7 @@ class TorchReader:
                 out[f"checkpoint.{pos}.recurrent.{j}"] = rec[j].cpu()
         return out
 
+    @_on_own_stream
     def deserialise(self, book: SessionBook, data: Mapping[str, torch.Tensor]) -> SessionTensors:
         model = self.model
         state = model.new_state()
@@ -161,6 +196,7 @@ class TorchReader:
         """Commit the next whole chunk; returns its measured cost in seconds (device synchronised)."""
         return self.read_chunks([(book, tensors)])
 
+    @_on_own_stream
     def read_chunks(self, batch: Sequence[tuple[SessionBook, SessionTensors]]) -> float:
         """Commit the next whole chunk of each (book, tensors), each at its own depth; returns the
         measured cost of the whole call in seconds (device synchronised). Each session ends in the
@@ -190,14 +226,45 @@ class TorchReader:
         else:
             for ids, state in chunks:
                 self.model.forward(ids, state)
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize(self.model.device)
+        self._wait()
         cost = self.timer() - t0
         for book, tensors in batch:
             book.committed_chunk()
             self.checkpoint_if_due(book, tensors)
         return cost
 
+    @property
+    def spans(self) -> tuple[int, ...]:
+        """Span sizes ``read_span`` takes: the fast path's, less any its warm-up check refused."""
+        if self.fast is None:
+            return ()
+        return tuple(k for k in self.fast.spans if k not in self.fast.refused_spans)
+
+    @_on_own_stream
+    def read_span(self, book: SessionBook, tensors: SessionTensors, chunks: int) -> float:
+        """Commit the next ``chunks`` whole chunks of one session in one pass (a size of ``spans``);
+        returns its measured cost in seconds (device synchronised). The session ends in the bits of
+        ``chunks`` calls of ``read_chunk``. A wanted checkpoint line may end the span, not fall inside it."""
+        if chunks not in self.spans or self.fast is None:
+            raise ValueError(f"a span is one of {list(self.spans)} chunks, got {chunks}")
+        start, end = book.committed, book.committed + chunks * self.grid
+        if book.pending < end - start:
+            raise ValueError(f"{chunks} chunks are not pending: {book.pending} ids past {start}, grid {self.grid}")
+        if tensors.state.length != start:
+            raise ValueError(f"state and book disagree on the committed length: {tensors.state.length} != {start}")
+        inside = [w for w in book.wanted if start < w < end]
+        if inside:
+            raise ValueError(f"checkpoint lines {inside} fall inside the span [{start}, {end})")
+        t0 = self.timer()
+        self.fast.read_chunks([(torch.tensor(book.ids[start:end], dtype=torch.long), tensors.state)])
+        self._wait()
+        cost = self.timer() - t0
+        for _ in range(chunks):
+            book.committed_chunk()
+        self.checkpoint_if_due(book, tensors)
+        return cost
+
+    @_on_own_stream
     def checkpoint_if_due(self, book: SessionBook, tensors: SessionTensors) -> None:
         if book.checkpoint_due():
             tensors.checkpoints[book.committed] = tensors.state.save_recurrent()
@@ -205,6 +272,7 @@ class TorchReader:
             if dropped is not None:
                 tensors.checkpoints.pop(dropped, None)
 
+    @_on_own_stream
     def roll_back(self, tensors: SessionTensors, resume_at: int) -> None:
         """Return the state to ``resume_at``: a held checkpoint, or the empty state at 0.
         KV rows below the cut stay as they are: they depend only on the ids below it."""
@@ -223,7 +291,13 @@ class TorchReader:
     # ---- forks ---------------------------------------------------------------------------
 
     def sync(self) -> None:
-        if self.model.device.type == "cuda":
+        """Wait until the reader's own work is done (not the device's: see ``__init__``)."""
+        self._wait()
+
+    def _wait(self) -> None:
+        if self._stream is not None:
+            self._stream.synchronize()
+        elif self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
 
     def _forward_pieces(self, ids: list[int], state: ModelState) -> torch.Tensor:
@@ -240,6 +314,7 @@ class TorchReader:
         assert out is not None
         return out[0]
 
+    @_on_own_stream
     def fork_logits(self, book: SessionBook, tensors: SessionTensors, extra: list[int],
                     upto: int | None = None) -> torch.Tensor:
         """fp32 logits after the pending tail (up to ``upto``) and ``extra``, leaving the committed
@@ -260,6 +335,7 @@ class TorchReader:
             state.truncate(committed)
             state.load_recurrent(saved)
 
+    @_on_own_stream
     def fork_decode(self, book: SessionBook, tensors: SessionTensors, prompt: list[int], max_new: int,
                     stop: set[int], upto: int | None = None) -> list[int]:
         """Greedy decoding on top of the session, as if it ended at ``upto`` (the narrator's path);
@@ -289,6 +365,7 @@ class TorchReader:
 
     # ---- comparing states ------------------------------------------------------------------
 
+    @_on_own_stream
     def export(self, tensors: SessionTensors) -> dict[str, torch.Tensor]:
         """CPU copies, one stable name per tensor: committed KV rows, conv and recurrent state."""
         cfg = self.model.config
@@ -302,6 +379,7 @@ class TorchReader:
             out[f"layers.{layer}.recurrent"] = state.recurrent[j].cpu().clone()
         return out
 
+    @_on_own_stream
     def fresh(self, ids: list[int]) -> dict[str, torch.Tensor]:
         """``export`` of a fresh prefill of ``ids`` on the grid: every whole chunk, in order."""
         book = SessionBook(grid=self.grid, ids=list(ids))
@@ -310,6 +388,7 @@ class TorchReader:
             self.read_chunk(book, tensors)
         return self.export(tensors)
 
+    @_on_own_stream
     def probabilities(self, logits: torch.Tensor, token_ids: Sequence[int]) -> list[float]:
         """Softmax over the chosen tokens' logits only, in fp32."""
         picked = logits.float()[torch.tensor(list(token_ids), device=logits.device)]

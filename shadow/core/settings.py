@@ -43,6 +43,9 @@ class ShadowSettings(BaseSettings):
     fast: Literal["auto", "on", "off"] = Field(
         "auto", description="the fast path (fused kernels, CUDA graphs): auto = on when the device is CUDA; "
                             "off = the torch forward; on = also on the CPU (Triton's interpreter, for tests)")
+    stream: Literal["own", "caller"] = Field(
+        "own", description="the reader's CUDA stream: own (at the highest priority; a read waits for its own "
+                           "kernels only) or caller (the current stream; a read synchronises the device)")
     gb: float = Field(4.0, description="cap on resident session state, GiB")
     disk: str = Field("auto", description="folder for parked sessions; auto: ~/.qwen38-spark-engine/cache/shadow")
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")

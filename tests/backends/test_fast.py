@@ -350,3 +350,38 @@ def test_a_span_reads_a_sessions_chunks_in_the_bits_of_one_pass_each(checkpoints
     with pytest.raises(ValueError, match="span of"):
         ff.read_chunks([(ids[64:], other)])
     assert graphs.same_state(other, base)
+
+
+def test_the_reader_reads_a_span_as_its_chunks_one_pass_each(checkpoints):
+    """``read_span``: a session's next 2 chunks in one pass end in the tensors, book and checkpoints
+    of two ``read_chunk`` calls, the checkpoint wanted at the span's end taken; a span that would
+    step over a wanted checkpoint line, a size the path does not take, or chunks not pending are
+    refused with nothing read."""
+    from shadow.backends.reader import TorchReader
+
+    from .batching import Followed, assert_same
+
+    model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
+    reader = TorchReader(model, grid=64, fast=True, spans=(2,))
+    assert reader.spans == (2,)
+    rng = random.Random(20)
+    ids = [rng.randrange(248000) for _ in range(300)]
+    spanned = Followed.new(reader)
+    spanned.feed_prompt(reader, ids[:140])  # a checkpoint is wanted at 128: the span's end
+    alone = spanned.copy()
+    reader.read_span(spanned.book, spanned.tensors, 2)
+    reader.read_chunk(alone.book, alone.tensors)
+    reader.read_chunk(alone.book, alone.tensors)
+    assert spanned.book.checkpoints == [128]
+    assert_same(reader, spanned, alone, "a span of 2 against 2 chunks")
+
+    later = Followed.new(reader)
+    later.feed_prompt(reader, ids[:100])  # wanted at 64
+    later.book.feed_output(ids[100:300])
+    before = later.copy()
+    for chunks, match in ((2, "inside the span"), (3, "a span is one of"), (4, "a span is one of")):
+        with pytest.raises(ValueError, match=match):
+            reader.read_span(later.book, later.tensors, chunks)
+    assert_same(reader, later, before, "nothing read")
+    with pytest.raises(ValueError, match="not pending"):
+        reader.read_span(spanned.book, spanned.tensors, 2)  # 12 ids pending past 128

@@ -188,3 +188,36 @@ def test_fast_path_real_session_equals_fresh_prefill_in_another_process(tmp_path
     )
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == digest(got)
+
+
+def test_a_read_waits_for_its_own_stream_only(tmp_path):
+    """With a long kernel queued on the caller's stream (an engine's decode step, in a process it
+    shares with the shadow), reads return before that kernel ends, and give the bits of reads with
+    nothing else queued."""
+    import time
+
+    from shadow.backends.qwen35 import Qwen35
+    from shadow.backends.reader import TorchReader
+    from shadow.core.session import SessionBook
+
+    ckpt = write_checkpoint(tmp_path / "m", _two_attention_layers(), dtype=torch.bfloat16)
+    reader = TorchReader(Qwen35.from_pretrained(ckpt, device="cuda", dtype=torch.bfloat16), 512, fast=True)
+    reader.warm_up()
+    ids = _session_ids(3 * 512, 7)
+
+    def read_three() -> dict[str, torch.Tensor]:
+        book, tensors = SessionBook(grid=512, ids=list(ids)), reader.new_session()
+        for _ in range(3):
+            reader.read_chunk(book, tensors)
+        return reader.export(tensors)
+
+    alone = read_three()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(4_000_000_000)  # about 2 s of spinning on this thread's (the caller's) stream
+    t0 = time.perf_counter()
+    beside = read_three()
+    took = time.perf_counter() - t0
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert still_busy, f"the reads took {took:.3f} s: they waited for the caller's stream"
+    assert alone.keys() == beside.keys() and all(torch.equal(alone[k], beside[k]) for k in alone)

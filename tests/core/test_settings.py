@@ -26,6 +26,7 @@ SAMPLES = {
     "device": ("cuda:1", "cuda:1"),
     "dtype": ("float32", "float32"),
     "fast": ("off", "off"),
+    "stream": ("caller", "caller"),
     "gb": ("2.5", 2.5),
     "disk": ("/nvme/shadow", "/nvme/shadow"),
     "disk_gb": ("12", 12.0),
