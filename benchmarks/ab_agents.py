@@ -359,7 +359,8 @@ def agents_main(args: Any) -> int:
     dec, main_info = build_decoder(args.main_shape, device, dtype, args.main_grid, args.agents, max_len)
     print(f"[{time.perf_counter() - t_start:6.1f} s] main model built, graphs captured in "
           f"{main_info['capture_s']:.1f} s; {args.agents} agents over {len(served)} sessions", flush=True)
-    suffix = "-agents" + "".join(tag for tag, on in (("-overlap", args.overlap), ("-smoke", args.smoke)) if on)
+    suffix = "-agents" + "".join(tag for tag, on in (("-overlap", args.overlap), ("-caller", args.stream == "caller"),
+                                                     ("-smoke", args.smoke)) if on)
     stem = f"ab_cost{suffix}"
     args.out.mkdir(parents=True, exist_ok=True)
     keep_newest(args.out / f"{stem}.json", (".trace.jsonl",))
@@ -369,7 +370,7 @@ def agents_main(args: Any) -> int:
     steps: dict[int, tuple[float, int, int, float]] = {}  # run -> (steps' seconds, tokens, steps, history s)
     with tempfile.TemporaryDirectory(dir=args.tmp, prefix="ab_cost-") as tmp:
         container, service, shadow_info = build_service(Path(tmp), args.shadow_shape or "0.8b", device, dtype,
-                                                        args.grid, args.ration, trace_path)
+                                                        args.grid, args.ration, trace_path, args.stream)
         print(f"[{time.perf_counter() - t_start:6.1f} s] shadow loaded and warm in "
               f"{shadow_info['load_and_warm_s']:.1f} s", flush=True)
         try:

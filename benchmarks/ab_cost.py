@@ -238,7 +238,8 @@ def serve_run(main: MainModel, host: Any, sessions: Sequence[Served], run: Run, 
 
 
 def drain(service: Any, names: Sequence[str], grid: int, timeout_s: float) -> tuple[float, dict[str, Any]]:
-    """Wait for the idle window to read ``names`` to their last whole chunk, then forget them."""
+    """Wait for the idle window to read ``names`` to their last whole chunk, check each against a
+    fresh prefill of the ids it read (every tensor, ``torch.equal``), then forget them."""
     shadow = service.slot.get()
     t0 = time.perf_counter()
     while any(shadow.backlogs().get(n, 0) >= grid for n in names) and time.perf_counter() - t0 < timeout_s:
@@ -248,8 +249,10 @@ def drain(service: Any, names: Sequence[str], grid: int, timeout_s: float) -> tu
     for n in names:
         s = shadow.session_status(n)
         ids, committed, rollbacks = (s.ids, s.committed, s.rollbacks) if s is not None else (0, 0, 0)
+        state, fresh = shadow.export_state(n), shadow.fresh_state(list(shadow.session_ids(n))[:committed])
         got[n] = {"ids": ids, "committed": committed, "read_all": committed == ids // grid * grid,
-                  "rollbacks": rollbacks}
+                  "rollbacks": rollbacks, "equal_fresh": state.keys() == fresh.keys()
+                  and all(torch.equal(state[k], fresh[k]) for k in fresh)}
         service.forget(n)
     return took, got
 
@@ -475,12 +478,16 @@ def write_result(result: dict[str, Any], runs: Sequence[Any], notes: list[str], 
         notes.append(f"chunks were read during off-runs {bad}: those runs are not a clean baseline")
     if unread:
         notes.append(f"sessions not read to their last whole chunk within --drain-timeout-s: {unread}")
+    differ = [n for r in runs for n, s in r.sessions.items() if not s["equal_fresh"]]
+    checked = sum(len(r.sessions) for r in runs)
+    result["exact"] = {"sessions_checked": checked, "equal_to_fresh_prefill": checked - len(differ), "differ": differ}
+    notes.append(f"exact: {checked - len(differ)} of {checked} sessions equal to a fresh prefill of the ids read")
     out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(table(result))
     for n in notes:
         print(f"note: {n}")
     print(f"wrote {out} and {trace_path.name} in {result['wall_s']:.0f} s")
-    return 1 if bad or unread else 0
+    return 1 if bad or unread or differ else 0
 
 
 if __name__ == "__main__":

@@ -98,6 +98,10 @@ class PassCosts:
 
     by_batch: dict[int, CostModel]
     source: str
+    # span size -> how much a span of k chunks costs over a pass of k sessions at the same depths:
+    # the worst ratio of the read_rate file's ``span_chunk`` rows to its ``batch_chunk`` rows
+    span_ratio: dict[int, float] = field(default_factory=dict)
+    grid: int = 512
 
     @property
     def max_batch(self) -> int:
@@ -116,6 +120,11 @@ class PassCosts:
 
     def __call__(self, rows: Sequence[int]) -> float:
         return sum(self.per_chunk(len(rows), r) for r in rows)
+
+    def span(self, chunks: int, row: int) -> float:
+        """A span of ``chunks`` chunks of one session from ``row``: a pass of as many sessions at
+        the same depths, times the span's measured ratio."""
+        return self([row + i * self.grid for i in range(chunks)]) * self.span_ratio[chunks]
 
 
 def newest_rate_file(folder: Path = RESULTS) -> Path | None:
@@ -137,13 +146,22 @@ def pass_costs(path: Path, model: str | None = None) -> PassCosts:
         mine = sorted((r for r in rows if int(r["batch"]) == b), key=lambda r: int(r["depth"]))
         depths, ms = tuple(int(r["depth"]) for r in mine), tuple(float(r["ours_ms"]) for r in mine)
         by_batch[b] = CostModel(f"B={b}", ms[0], path.name, depths, ms)
+    ratio: dict[int, list[float]] = {}
+    for r in d.get("rows", []):
+        if r.get("figure") == "span_chunk" and int(r["span"]) in by_batch and (model is None or
+                                                                              r.get("model", model) == model):
+            k, depth = int(r["span"]), int(r["depth"]) or 1024  # the 0-2k batch group's mean depth
+            ratio.setdefault(k, []).append(float(r["ours_ms"]) / (by_batch[k](depth) * 1e3))
+    span_ratio = {k: max(v) for k, v in sorted(ratio.items())}
     if len(by_batch) > 1:
         src = (f"{path.name} at {d.get('commit', '?')} on {d.get('gpu', d.get('device', '?'))}: batch_chunk rows, "
                f"B = {', '.join(map(str, sorted(by_batch)))}")
     else:
         src = (f"{single.source}; no batch_chunk rows (batch costs not measured yet): one session a pass, "
                "max_batch 1")
-    return PassCosts(by_batch, src)
+    if span_ratio:
+        src += f"; span_chunk rows, spans {', '.join(f'{k} (x{v:.3f})' for k, v in span_ratio.items())}"
+    return PassCosts(by_batch, src, span_ratio)
 
 
 # ---- the replay ----------------------------------------------------------------------------------
@@ -189,10 +207,11 @@ class Run:
 
 
 def parse_policy(text: str) -> Policy:
-    scope, _, pct = text.partition(":")
-    if scope not in ("turn", "device") or not pct:
-        raise SystemExit(f"policy {text!r}: write turn:S or device:S (S the share in %)")
-    return Policy(float(pct), scope)
+    scope, _, rest = text.partition(":")
+    pct, _, spans = rest.partition(":")
+    if scope not in ("turn", "device") or not pct or spans not in ("", "spans"):
+        raise SystemExit(f"policy {text!r}: write turn:S or device:S, then :spans to read spans (S the share in %)")
+    return Policy(float(pct), scope, spans == "spans")
 
 
 def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k: Knobs2,
@@ -200,8 +219,11 @@ def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k
     """``k.agents`` agents on one service, one simulated clock, for ``k.minutes``."""
     wall = time.perf_counter()
     clock = SimClock()
-    reader = SimReader(grid, lambda row: costs.per_chunk(1, row), clock, costs.max_batch, costs)
-    run = Run(k.agents, f"{policy.scope}:{policy.ration_pct:g}")
+    if policy.spans and not costs.span_ratio:
+        raise SystemExit("a :spans policy needs span_chunk rows in the read_rate file")
+    reader = SimReader(grid, lambda row: costs.per_chunk(1, row), clock, costs.max_batch, costs,
+                       spans=tuple(costs.span_ratio) if policy.spans else (), span_cost=costs.span)
+    run = Run(k.agents, f"{policy.scope}:{policy.ration_pct:g}{':spans' if policy.spans else ''}")
 
     def on_pass(batch: Sequence[Any], now: float) -> None:
         run.passes += 1

@@ -75,15 +75,19 @@ class _NoTensors:
 class SimReader:
     """The ``Reader`` protocol with the real reader's bookkeeping (commit a chunk, take the wanted
     checkpoints) and no maths: a chunk costs ``cost(first_row)`` seconds of the simulated clock, a
-    pass of several sessions ``pass_cost(first_rows)`` (default: their chunks' costs summed)."""
+    pass of several sessions ``pass_cost(first_rows)`` (default: their chunks' costs summed), a span
+    of k chunks of one session ``span_cost(k, first_row)`` (default: ``pass_cost`` of its chunks)."""
 
     def __init__(self, grid: int, cost: ChunkCost, clock: SimClock, max_batch: int = 1,
-                 pass_cost: Callable[[Sequence[int]], float] | None = None) -> None:
+                 pass_cost: Callable[[Sequence[int]], float] | None = None, spans: Sequence[int] = (),
+                 span_cost: Callable[[int, int], float] | None = None) -> None:
         self.grid = grid
         self.cost = cost
         self.clock = clock
         self.max_batch = max_batch
         self.pass_cost = pass_cost or (lambda rows: sum(cost(r) for r in rows))
+        self.spans = tuple(spans)
+        self.span_cost = span_cost or (lambda k, row: self.pass_cost([row + i * grid for i in range(k)]))
         self.on_chunk: Callable[[int, float], None] = lambda committed, now: None
         self.on_pass: Callable[[Sequence[tuple[SessionBook, Any]], float], None] = lambda batch, now: None
 
@@ -130,6 +134,21 @@ class SimReader:
         self.on_pass(batch, self.clock())
         return cost
 
+    def read_span(self, book: SessionBook, tensors: Any, chunks: int) -> float:
+        start, end = book.committed, book.committed + chunks * self.grid
+        if chunks not in self.spans or book.pending < end - start:
+            raise ValueError(f"a span of {chunks} chunks: not taken, or not pending")
+        if any(start < w < end for w in book.wanted):
+            raise ValueError("a checkpoint line falls inside the span")
+        cost = self.span_cost(chunks, start)
+        self.clock.advance(cost)
+        for _ in range(chunks):
+            book.committed_chunk()
+        self.checkpoint_if_due(book, tensors)
+        self.on_chunk(book.committed, self.clock())
+        self.on_pass([(book, tensors)] * chunks, self.clock())
+        return cost
+
     def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None:
         if book.checkpoint_due():
             book.took_checkpoint()
@@ -167,6 +186,7 @@ class FacadeView:
 class Policy:
     ration_pct: float  # 0: the idle window only
     scope: str = "turn"  # the ration's (RATION_SCOPE): one session at a time, per turn as first designed
+    spans: bool = False  # a pass of one session may read several of its chunks (``Reader.read_span``)
 
     @property
     def name(self) -> str:

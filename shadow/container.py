@@ -64,11 +64,13 @@ def _model(settings: ShadowSettings) -> Qwen35:
     return Qwen35.from_pretrained(settings.model, device=device, dtype=settings.dtype)
 
 
-def _reader(model: Qwen35, grid: int, fast: str, timer: Callable[[], float], stream: str) -> TorchReader:
+def _reader(model: Qwen35, settings: ShadowSettings, timer: Callable[[], float]) -> TorchReader:
     from shadow.backends.reader import TorchReader
 
-    return TorchReader(model, grid, fast=fast == "on" or (fast == "auto" and model.device.type == "cuda"),
-                       timer=timer, stream="own" if stream == "own" else "caller")
+    cuda = model.device.type == "cuda"
+    fast = settings.fast == "on" or (settings.fast == "auto" and cuda)
+    return TorchReader(model, settings.grid, fast=fast, timer=timer, stream=settings.stream,
+                       spans=settings.span_sizes(cuda and fast) if fast else ())
 
 
 DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"
@@ -207,8 +209,7 @@ class Container(containers.DeclarativeContainer):
     telemetry = providers.Singleton(_telemetry, tracer_provider, settings, metrics)
     model = providers.Singleton(_model, settings)
     reader_timer = providers.Object(time.perf_counter)  # what a chunk's cost is measured with (tests inject one)
-    reader = providers.Singleton(_reader, model, settings.provided.grid, settings.provided.fast, reader_timer,
-                                 settings.provided.stream)
+    reader = providers.Singleton(_reader, model, settings, reader_timer)
     prompter = providers.Singleton(_prompter)
     memory = providers.Singleton(_memory)
     disk = providers.Selector(providers.Callable(_disk_kind, settings),

@@ -67,6 +67,17 @@ class Reader(Protocol):
         Checkpoints are taken as read_chunk takes them."""
         ...
 
+    @property
+    def spans(self) -> tuple[int, ...]:
+        """The chunk counts ``read_span`` takes (its warm-up check passed); () when it takes none."""
+        ...
+
+    def read_span(self, book: SessionBook, tensors: Any, chunks: int) -> float:
+        """Commit the next ``chunks`` whole chunks of one session in one pass; its measured cost in
+        seconds. The tensors end bit-identical to ``chunks`` calls of read_chunk. A wanted checkpoint
+        line may end the span, never fall inside it (ValueError)."""
+        ...
+
     def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None: ...
 
     def roll_back(self, tensors: Any, resume_at: int) -> None: ...

@@ -33,6 +33,7 @@ class ChunkRead:
     rows: int
     cost_s: float  # measured, device synchronised: this chunk's share of the pass that read it
     batch: int = 1  # sessions in the pass that read this chunk (1: read alone)
+    span: int = 1  # chunks of this session the pass read (``Reader.read_span``; 1: one)
 
 
 @dataclass

@@ -26,8 +26,10 @@ class CostedReader:
     grid = GRID
     vocab_size = 1000
 
-    def __init__(self, max_batch: int = 4, base: float = 0.003, per_row: float = 1e-7, share: float = 0.5) -> None:
+    def __init__(self, max_batch: int = 4, base: float = 0.003, per_row: float = 1e-7, share: float = 0.5,
+                 spans: tuple[int, ...] = ()) -> None:
         self.max_batch = max_batch
+        self.spans = spans  # a span of k chunks costs what a batch of k sessions at their depths costs
         self.base, self.per_row, self.share = base, per_row, share
         self.passes: list[list[tuple[int, int]]] = []  # (id of the book, its depth) per session, per pass
 
@@ -50,6 +52,17 @@ class CostedReader:
             if book.checkpoint_due():
                 book.took_checkpoint()
         self.passes.append([(id(book), d) for (book, _), d in zip(batch, depths, strict=True)])
+        return self._cost(depths)
+
+    def read_span(self, book: SessionBook, tensors: Any, chunks: int) -> float:
+        start = book.committed
+        assert chunks in self.spans and book.pending >= chunks * self.grid
+        assert not any(start < w < start + chunks * self.grid for w in book.wanted)
+        depths = [start + i * self.grid for i in range(chunks)]
+        for _ in range(chunks):
+            book.committed_chunk()
+        self.checkpoint_if_due(book, tensors)
+        self.passes.append([(id(book), d) for d in depths])
         return self._cost(depths)
 
     def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None:
@@ -192,3 +205,34 @@ def test_a_ration_slice_is_written_through_the_activity() -> None:
     a.record_ration("r1", 0.003, 1, 0.01)
     turn = a.record_ration("r1", 0.002, 2, 0.02)
     assert (turn.spent_s, turn.chunks, turn.budget_s) == (pytest.approx(0.005), 3, 0.02)
+
+
+def test_a_pass_of_one_session_reads_its_chunks_in_the_largest_span_that_fits() -> None:
+    """One session behind, the reader taking spans of 2 and 4: a pass reads as many of its chunks
+    as the largest span that is pending, fits the budget and ``max_chunks``, and steps over no
+    wanted checkpoint line; each chunk keeps its own row and its share; several sessions behind
+    read in batches of one chunk each, as before."""
+    clock = FakeClock()
+    reader = CostedReader(max_batch=4, base=0.004, per_row=0.0, share=0.5, spans=(2, 4))
+    sh = facade(reader, clock)
+    clock.advance(1.0)
+    sh.feed_prompt("long", [7] * (11 * GRID + 5))  # 11 chunks; a checkpoint is wanted at 11 * GRID
+    got = sh.read("long")
+    assert [len(p) for p in reader.passes] == [4, 4, 2, 1]  # 4 + 4 + 2 stop at 10; one more to 11
+    assert [c.first_row for c in got] == [i * GRID for i in range(11)]
+    assert [c.span for c in got] == [4] * 8 + [2] * 2 + [1] and all(c.batch == 1 for c in got)
+    assert got[0].cost_s == pytest.approx(0.002)  # 4 chunks at half a chunk's cost each
+    assert sh.position("long").checkpoints == (11 * GRID,)
+
+    sh.feed_output("long", [8] * (6 * GRID))  # 6 more: spans fit the budget, then max_chunks
+    assert [c.span for c in sh.read(budget_s=0.005)] == [2, 2]  # 8 ms for 4 does not fit, 4 for 2 does
+    assert [c.span for c in sh.read(max_chunks=3)] == [2, 2, 1]
+    assert [c.span for c in sh.read("long")] == [1]  # the last one: no span of 1
+    # a checkpoint line inside: the span stops there
+    sh.feed_prompt("cut", [9] * (3 * GRID))  # wanted at 3 * GRID
+    sh.feed_output("cut", [9] * (4 * GRID))
+    sh.read("cut")
+    assert [len(p) for p in reader.passes[-3:]] == [2, 1, 4]
+
+    fed(sh, clock, {"a": 2, "b": 2})  # two sessions behind: batches of one chunk each
+    assert [(c.batch, c.span) for c in sh.read()] == [(2, 1)] * 4

@@ -27,6 +27,7 @@ SAMPLES = {
     "dtype": ("float32", "float32"),
     "fast": ("off", "off"),
     "stream": ("caller", "caller"),
+    "spans": ("4, 2", "4, 2"),
     "gb": ("2.5", 2.5),
     "disk": ("/nvme/shadow", "/nvme/shadow"),
     "disk_gb": ("12", 12.0),
@@ -112,6 +113,8 @@ def test_defaults() -> None:
     ("QWEN38_SHADOW_DTYPE=float8", "float32"),
     ("QWEN38_SHADOW_DEVICE=gpu", "cuda:N"),
     ("QWEN38_SHADOW_FAST=fastest", "'auto', 'on' or 'off'"),
+    ("QWEN38_SHADOW_SPANS=2,32", "'32' is not a span"),
+    ("QWEN38_SHADOW_SPANS=1", "'1' is not a span"),
     ("QWEN38_SHADOW_PORT=70000", "TCP port"),
     ("QWEN38_SHADOW_RATION=2", "share"),
     ("QWEN38_SHADOW_MAX_HOLD_S=7200", "at most 3600 s"),
@@ -278,3 +281,12 @@ def test_model_empty_imports_no_torch(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", NO_TORCH], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_span_sizes_follow_the_path() -> None:
+    """auto: spans only on CUDA's fast path (the CPU's fast path is Triton's interpreter, for tests);
+    a list is taken as given, sorted, on any fast path; off: none."""
+    assert ShadowSettings(_env_file=None).span_sizes(cuda_fast=True) == (2, 4, 8, 16)
+    assert ShadowSettings(_env_file=None).span_sizes(cuda_fast=False) == ()
+    assert ShadowSettings(_env_file=None, spans="8, 2,8").span_sizes(cuda_fast=False) == (2, 8)
+    assert ShadowSettings(_env_file=None, spans="off").span_sizes(cuda_fast=True) == ()

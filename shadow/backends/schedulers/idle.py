@@ -83,7 +83,7 @@ class IdleScheduler:
         def on_pass(chunks: list[ChunkRead], estimate: float | None, t0: int, t1: int) -> None:
             for chunk in chunks:
                 self.telemetry.chunk("idle", chunk, backlog_after(shadow, chunk), t0, t1,
-                                     {"shadow.chunk.batch": chunk.batch})
+                                     {"shadow.chunk.batch": chunk.batch, "shadow.chunk.span": chunk.span})
 
         with self.telemetry.span("shadow.window", {"shadow.window": "idle",
                                                    "shadow.window.budget_ms": self.window_s * 1e3}) as span:

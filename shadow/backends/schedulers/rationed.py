@@ -130,7 +130,7 @@ class RationedScheduler:
                 part = "other" if chunk.session != turn.session else "prompt" if end <= turn.prompt_len else (
                     "output" if chunk.first_row >= turn.prompt_len else "prompt+output")
                 attrs: dict[str, Any] = {"shadow.request.id": turn.request_id, "shadow.chunk.part": part,
-                                         "shadow.chunk.batch": chunk.batch,
+                                         "shadow.chunk.batch": chunk.batch, "shadow.chunk.span": chunk.span,
                                          "shadow.chunk.estimate_ms": -1.0 if estimate is None else estimate * 1e3}
                 self.telemetry.chunk("ration", chunk, backlog_after(shadow, chunk), t0, t1, attrs)
 
