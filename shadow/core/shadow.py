@@ -23,7 +23,7 @@ from .errors import BadInput, UnknownSession
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
 from .residency import Residency
-from .session import Position, first_difference
+from .session import Position, first_difference, int32_or_none
 
 __all__ = ["MAX_CHOICES", "Answer", "ChunkRead", "Shadow"]
 
@@ -118,7 +118,7 @@ class Shadow:
     def feed_prompt(self, session: str, ids: Sequence[int]) -> None:
         """A turn's whole rendered prompt. A prompt that differs from what was read rolls the state
         back to the newest checkpoint at or below the first differing id (or to the start)."""
-        prompt = self._checked_prompt(session, ids if isinstance(ids, list) else list(ids))
+        prompt = self._checked_prompt(session, ids)
         if not prompt:
             raise BadInput("empty prompt")
         with self.residency.using(session, create=True) as (book, tensors):
@@ -131,18 +131,23 @@ class Shadow:
             self.reader.checkpoint_if_due(book, tensors)
             self._mark(session)
 
-    def _checked_prompt(self, session: str, ids: list[int]) -> list[int]:
-        """The prompt checked, in time for a request's first token: a turn's prompt repeats most of
-        what the session holds, and ids equal to held ones were checked when they came, so only the
-        rest is checked (a 15k-id prompt costs about 2 ms to check whole on this path's CPU). The
-        held ids are taken for the equal part, so the result holds ints only either way."""
+    def _checked_prompt(self, session: str, ids: Sequence[int]) -> array[int]:
+        """The prompt checked, in time for a request's first token, as the book holds ids (int32): a
+        turn's prompt repeats most of what the session holds, and ids equal to held ones were
+        checked when they came, so only the rest is checked (a 15k-id prompt costs about 2 ms to
+        check whole on this path's CPU)."""
+        prompt = int32_or_none(ids)  # bools become ints; compared with the book's, array to array
+        if prompt is None:  # not int32: BadInput names the first bad id
+            self._check_ids(ids, "prompt")
+            raise BadInput("prompt holds ids past int32")  # only for a vocabulary past 2**31
         try:
             book = self.residency.held_book(session)
         except UnknownSession:
             book = None
-        same = first_difference(book.ids, ids) if book is not None else 0
-        held = book.ids[:same] if book is not None and same else []
-        return held + self._check_ids(ids[same:], "prompt", offset=same)
+        same = first_difference(book.ids, prompt) if book is not None else 0
+        if self._packed(prompt[same:]) is None:
+            self._check_ids(prompt[same:], "prompt", offset=same)
+        return prompt
 
     def feed_output(self, session: str, ids: Sequence[int]) -> None:
         """Qwen's output ids, appended after what the session holds."""
