@@ -263,7 +263,7 @@ class TorchReader:
         if inside:
             raise ValueError(f"checkpoint lines {inside} fall inside the span [{start}, {end})")
         t0 = self.timer()
-        self.fast.read_chunks([(torch.tensor(book.ids[start:end], dtype=torch.long), tensors.state)])
+        self.fast.read_chunks([(long_ids(book.ids[start:end]), tensors.state)])
         self._wait()
         cost = self.timer() - t0
         for _ in range(chunks):
