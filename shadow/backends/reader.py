@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Concatenate, Literal, ParamSpec, TypeVar
@@ -37,6 +38,12 @@ def _on_own_stream(method: Callable[Concatenate[TorchReader, P], R]) -> Callable
             return method(self, *args, **kwargs)
     functools.update_wrapper(on_stream, method)
     return on_stream
+
+
+def long_ids(ids: array[int]) -> torch.Tensor:
+    """A slice of a book's int32 ids as the int64 tensor a forward takes, from its bytes (no int
+    object per id). ``frombuffer`` refuses an empty buffer, and its view is converted at once."""
+    return torch.frombuffer(ids, dtype=torch.int32).long() if ids else torch.empty(0, dtype=torch.long)
 
 
 @dataclass
@@ -214,7 +221,7 @@ class TorchReader:
                 raise ValueError(f"no whole chunk pending: {book.pending} ids past {start}, grid {self.grid}")
             if tensors.state.length != start:
                 raise ValueError(f"state and book disagree on the committed length: {tensors.state.length} != {start}")
-            chunks.append((torch.tensor(book.ids[start:start + self.grid], dtype=torch.long), tensors.state))
+            chunks.append((long_ids(book.ids[start:start + self.grid]), tensors.state))
         t0 = self.timer()
         if self.fast is not None:
             sizes = self.fast.usable
@@ -256,7 +263,7 @@ class TorchReader:
         if inside:
             raise ValueError(f"checkpoint lines {inside} fall inside the span [{start}, {end})")
         t0 = self.timer()
-        self.fast.read_chunks([(torch.tensor(book.ids[start:end], dtype=torch.long), tensors.state)])
+        self.fast.read_chunks([(long_ids(book.ids[start:end]), tensors.state)])
         self._wait()
         cost = self.timer() - t0
         for _ in range(chunks):
@@ -322,7 +329,7 @@ class TorchReader:
         state = tensors.state
         committed = state.length
         if self.fast is not None:
-            fork = self.fast.fork(book.ids[committed:upto] + extra, state)
+            fork = self.fast.fork([*book.ids[committed:upto], *extra], state)
             try:
                 assert fork.logits is not None
                 return fork.logits.clone()
@@ -330,7 +337,7 @@ class TorchReader:
                 fork.close()
         saved = state.save_recurrent()
         try:
-            return self._forward_pieces(book.ids[committed:upto] + extra, state)
+            return self._forward_pieces([*book.ids[committed:upto], *extra], state)
         finally:
             state.truncate(committed)
             state.load_recurrent(saved)
@@ -344,14 +351,14 @@ class TorchReader:
         committed = state.length
         out: list[int] = []
         if self.fast is not None:
-            fork = self.fast.fork(book.ids[committed:upto] + prompt, state)
+            fork = self.fast.fork([*book.ids[committed:upto], *prompt], state)
             try:
                 return fork.decode(max_new, stop) if max_new > 0 else out
             finally:
                 fork.close()
         saved = state.save_recurrent()
         try:
-            logits: torch.Tensor | None = self._forward_pieces(book.ids[committed:upto] + prompt, state)
+            logits: torch.Tensor | None = self._forward_pieces([*book.ids[committed:upto], *prompt], state)
             while logits is not None and len(out) < max_new:
                 token = int(logits.argmax())
                 out.append(token)
@@ -382,7 +389,7 @@ class TorchReader:
     @_on_own_stream
     def fresh(self, ids: list[int]) -> dict[str, torch.Tensor]:
         """``export`` of a fresh prefill of ``ids`` on the grid: every whole chunk, in order."""
-        book = SessionBook(grid=self.grid, ids=list(ids))
+        book = SessionBook(grid=self.grid, ids=array("i", ids))
         tensors = self.new_session()
         while book.pending >= self.grid:
             self.read_chunk(book, tensors)

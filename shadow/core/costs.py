@@ -73,6 +73,18 @@ class ChunkCosts:
         each = self.per_chunk(len(depths), sum(depths) // len(depths))
         return None if each is None else each * len(depths)
 
+    def span_that_fits(self, spans: Sequence[int], first_row: int, grid: int, room: int, spent: float,
+                       budget: float | None) -> int:
+        """The largest of ``spans`` (chunks of one session in one pass) up to ``room`` whose estimate
+        fits what is left of ``budget``, else 1. A span is costed as a pass of as many sessions at
+        its chunks' depths: the H200 measured the two within 0.12 ms per 512 ids (``span_chunk`` and
+        ``batch_chunk`` rows in ``benchmarks/results/read_rate.json``), so one table serves both."""
+        for k in sorted(spans, reverse=True):
+            if k <= room and (budget is None or fits(spent, self.estimate([first_row + i * grid for i in range(k)]),
+                                                     budget)):
+                return k
+        return 1
+
     def as_dict(self) -> dict[str, float]:
         """``"B x depth-bucket-start"`` -> ms per chunk, for status."""
         with self._mu:

@@ -2,7 +2,11 @@
 
 No tensors here: the reader keeps the state these numbers describe.
 
-- ``ids``: every id the session holds, the latest prompt then Qwen's output so far.
+- ``ids``: every id the session holds, the latest prompt then Qwen's output so far, as an int32
+  ``array`` (``array("i")``): a book lives as long as its session, and a list's int objects, one
+  per id, pinned CPython's small-object arenas among each request's short-lived ints (the soaks:
+  RSS +40 MiB/h, traced bytes flat). Any copy of a session's ids kept as long (the proxy's table)
+  is held so too, and compared array to array (``first_difference``): an array never equals a list.
 - ``committed``: rows whose state is read; always a multiple of ``grid``.
 - the pending tail: ``ids[committed:]``; whole chunks of it are read as the scheduler allows.
 - checkpoints: positions where the reader keeps a copy of the conv and recurrent state. One per
@@ -14,6 +18,7 @@ No tensors here: the reader keeps the state these numbers describe.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -124,10 +129,27 @@ def checked_meta(meta: Any, grid: int) -> dict[str, Any]:
     return meta
 
 
+def int32_ids(ids: Sequence[int]) -> array[int]:
+    """``ids`` as a new ``array("i")`` (the typecode every held copy has, so ``first_difference``
+    compares them whole), or ValueError: the array is made before anything changes."""
+    try:
+        return array("i", ids)
+    except (TypeError, OverflowError) as e:  # a float, a str, an int past int32
+        raise ValueError(f"ids must be int32 token ids: {e}") from None
+
+
+def int32_or_none(ids: Sequence[int]) -> array[int] | None:
+    """``int32_ids`` with None for ids it refuses (a caller that names the bad id itself)."""
+    try:
+        return array("i", ids)
+    except (TypeError, OverflowError):
+        return None
+
+
 @dataclass
 class SessionBook:
     grid: int
-    ids: list[int] = field(default_factory=list)
+    ids: array[int] = field(default_factory=lambda: array("i"))
     committed: int = 0
     checkpoints: list[int] = field(default_factory=list)  # positions held, ascending, all <= committed
     wanted: list[int] = field(default_factory=list)  # checkpoint lines not yet reached
@@ -140,9 +162,14 @@ class SessionBook:
     _META: ClassVar[tuple[str, ...]] = ("grid", "committed", "checkpoints", "wanted", "turns", "rollbacks",
                                         "reread", "last_used", "prompt_lines")
 
-    # What a held id costs the host in CPython: a list slot (8 bytes) and an int object (28 bytes;
-    # only ints up to 256 are shared). The GB cap counts it, so long sessions cannot grow unseen.
-    ID_BYTES: ClassVar[int] = 36
+    # What a held id costs the host: its 4 bytes in the int32 array (no int object). The GB cap
+    # counts it, so that the ids of long or many dropped sessions cannot grow unseen.
+    ID_BYTES: ClassVar[int] = 4
+
+    def __post_init__(self) -> None:
+        # a book made with a list (a fresh prefill's, a test's) holds int32 all the same
+        if not (isinstance(self.ids, array) and self.ids.typecode == "i"):
+            self.ids = int32_ids(self.ids)
 
     def ids_nbytes(self) -> int:
         return len(self.ids) * self.ID_BYTES
@@ -156,8 +183,8 @@ class SessionBook:
                         self.reread, self.last_used)
 
     @classmethod
-    def from_meta(cls, meta: dict[str, Any], ids: list[int]) -> SessionBook:
-        book = cls(grid=int(meta["grid"]), ids=ids)
+    def from_meta(cls, meta: dict[str, Any], ids: Sequence[int]) -> SessionBook:
+        book = cls(grid=int(meta["grid"]), ids=int32_ids(ids))
         for k in cls._META[1:]:
             setattr(book, k, meta[k])
         return book
@@ -178,12 +205,13 @@ class SessionBook:
     def whole_chunks_pending(self) -> int:
         return self.pending // self.grid
 
-    def feed_prompt(self, prompt: list[int]) -> Rollback | None:
+    def feed_prompt(self, prompt: Sequence[int]) -> Rollback | None:
         """Take a turn's whole prompt. Returns the rollback it forces, if any; the caller must then
         restore the state at ``resume_at`` (a held checkpoint, or the empty state at 0)."""
         if not prompt:
             raise ValueError("empty prompt")
-        cut = first_difference(self.ids, prompt)
+        new = int32_ids(prompt)  # array against array: an array never equals a list
+        cut = first_difference(self.ids, new)
         rollback = None
         if cut < len(self.ids):  # the prompt does not extend what was read
             if cut < self.committed:
@@ -194,17 +222,24 @@ class SessionBook:
                 self.rollbacks += 1
                 self.reread += rollback.reread
             self.wanted = [w for w in self.wanted if w <= cut]
-        self.ids = list(prompt)
+        self.ids = new
         self.turns += 1
-        line = grid_line_at_or_below(len(prompt), self.grid)
+        line = grid_line_at_or_below(len(new), self.grid)
         self.prompt_lines = [*[p for p in self.prompt_lines if p <= cut and p != line], line][-MAX_CHECKPOINTS:]
         if line > 0 and line not in self.checkpoints and line not in self.wanted:
             self.wanted.append(line)
             self.wanted.sort()
         return rollback
 
-    def feed_output(self, output: list[int]) -> None:
-        self.ids.extend(output)
+    def feed_output(self, output: Sequence[int]) -> None:
+        self.ids.extend(int32_ids(output))  # whole or not at all: extending from a list stops at a bad id
+
+    def longest_span(self, sizes: Sequence[int], most: int) -> int:
+        """The largest of ``sizes`` (or 1) up to ``most`` chunks, all pending, with no wanted
+        checkpoint line strictly inside: the reader copies the state at a line, so a span may only end there."""
+        start, pending = self.committed, self.pending // self.grid
+        return max((k for k in sizes if k <= min(most, pending)
+                    and not any(start < w < start + k * self.grid for w in self.wanted)), default=1)
 
     def checkpoint_due(self) -> bool:
         """Whether the state at ``committed`` is a wanted checkpoint (the reader then keeps a copy)."""

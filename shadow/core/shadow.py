@@ -23,7 +23,8 @@ from .errors import BadInput, UnknownSession
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
 from .residency import Residency
-from .session import Position, SessionBook, first_difference
+from .session import Position, first_difference, int32_or_none
+from .token_ids import checked, packed
 
 __all__ = ["MAX_CHOICES", "Answer", "ChunkRead", "Shadow"]
 
@@ -90,35 +91,14 @@ class Shadow:
 
     # ---- feeding -------------------------------------------------------------------------
 
-    def _check_ids(self, ids: Sequence[int], what: str, offset: int = 0) -> list[int]:
-        """``ids`` as a list of ints in the vocabulary, or BadInput naming the first bad one (its
-        index counted from ``offset``). On a request's path: an unsigned array takes ints in
-        [0, 2**32) only, at C speed (three times faster than a signed one here), leaving the top."""
-        packed = self._packed(ids)
-        if packed is None:
-            vocab = self.reader.vocab_size
-            bad = next(i for i, t in enumerate(ids) if not isinstance(t, int) or not 0 <= t < vocab)
-            value = list(ids)[bad]
-            if not isinstance(value, int):
-                raise BadInput(f"{what}[{offset + bad}] = {value!r} is not a token id")
-            raise BadInput(f"{what}[{offset + bad}] = {value} is not a token id in [0, {vocab})")
-        return packed.tolist()  # ints, even where bools came in
-
-    def _packed(self, ids: Sequence[int]) -> array[int] | None:
-        try:
-            packed = array("I", ids)
-        except (TypeError, OverflowError):
-            return None
-        return packed if not packed or max(packed) < self.reader.vocab_size else None
-
     def accepts(self, ids: Sequence[int]) -> bool:
-        """Whether a feed would take ``ids`` as token ids (``_check_ids`` without the message)."""
-        return self._packed(ids) is not None
+        """Whether a feed would take ``ids`` as token ids (``token_ids.checked`` without the message)."""
+        return packed(ids, self.reader.vocab_size) is not None
 
     def feed_prompt(self, session: str, ids: Sequence[int]) -> None:
         """A turn's whole rendered prompt. A prompt that differs from what was read rolls the state
         back to the newest checkpoint at or below the first differing id (or to the start)."""
-        prompt = self._checked_prompt(session, ids if isinstance(ids, list) else list(ids))
+        prompt = self._checked_prompt(session, ids)
         if not prompt:
             raise BadInput("empty prompt")
         with self.residency.using(session, create=True) as (book, tensors):
@@ -131,22 +111,27 @@ class Shadow:
             self.reader.checkpoint_if_due(book, tensors)
             self._mark(session)
 
-    def _checked_prompt(self, session: str, ids: list[int]) -> list[int]:
-        """The prompt checked, in time for a request's first token: a turn's prompt repeats most of
-        what the session holds, and ids equal to held ones were checked when they came, so only the
-        rest is checked (a 15k-id prompt costs about 2 ms to check whole on this path's CPU). The
-        held ids are taken for the equal part, so the result holds ints only either way."""
+    def _checked_prompt(self, session: str, ids: Sequence[int]) -> array[int]:
+        """The prompt checked, in time for a request's first token, as the book holds ids (int32): a
+        turn's prompt repeats most of what the session holds, and ids equal to held ones were
+        checked when they came, so only the rest is checked (a 15k-id prompt costs about 2 ms to
+        check whole on this path's CPU)."""
+        prompt = int32_or_none(ids)  # bools become ints; compared with the book's, array to array
+        if prompt is None:  # not int32: BadInput names the first bad id
+            checked(ids, self.reader.vocab_size, "prompt")
+            raise BadInput("prompt holds ids past int32")  # only for a vocabulary past 2**31
         try:
             book = self.residency.held_book(session)
         except UnknownSession:
             book = None
-        same = first_difference(book.ids, ids) if book is not None else 0
-        held = book.ids[:same] if book is not None and same else []
-        return held + self._check_ids(ids[same:], "prompt", offset=same)
+        same = first_difference(book.ids, prompt) if book is not None else 0
+        if packed(prompt[same:], self.reader.vocab_size) is None:
+            checked(prompt[same:], self.reader.vocab_size, "prompt", offset=same)
+        return prompt
 
     def feed_output(self, session: str, ids: Sequence[int]) -> None:
         """Qwen's output ids, appended after what the session holds."""
-        output = self._check_ids(ids, "output")
+        output = checked(ids, self.reader.vocab_size, "output")
         with self._lock:
             book = self.residency.held_book(session)
             if book is not None:
@@ -269,26 +254,19 @@ class Shadow:
 
     def _span_room(self, names: list[str], spent: float, budget: float | None, most: int | None) -> int:
         """The most chunks a pass of ``names`` may read of its one session (a span, ``Reader.spans``):
-        1 unless the pass holds one session and the reader takes spans; the largest span whose
-        estimate fits the budget and ``most``. A span is costed as a batch of its chunks at their
-        depths: the H200 measured the two within 0.1 ms per 512 ids (``span_chunk`` and ``batch_chunk``
-        rows in ``benchmarks/results/read_rate.json``), so one table serves both."""
+        1 unless the pass holds one session and the reader takes spans (``ChunkCosts.span_that_fits``)."""
         if len(names) != 1 or not self.reader.spans:
             return 1
         held, committed = self.residency.counts(names[0])
         room = (held - committed) // self.grid if most is None else min(most, (held - committed) // self.grid)
-        for k in sorted(self.reader.spans, reverse=True):
-            depths = [committed + i * self.grid for i in range(k)]
-            if k <= room and (budget is None or fits(spent, self.costs.estimate(depths), budget)):
-                return k
-        return 1
+        return self.costs.span_that_fits(self.reader.spans, committed, self.grid, room, spent, budget)
 
     def _read_pass(self, names: list[str], uses: set[str], span: int = 1) -> tuple[list[ChunkRead], int, int]:
         """One pass: each session resident for it, one chunk each, or one session's ``span`` chunks
         at most (stopping at a wanted checkpoint line); the cost recorded once."""
         with ExitStack() as held:
             got = [held.enter_context(self.residency.using(n, background=n not in uses)) for n in names]
-            chunks = self._span_of(got[0][0], span) if len(got) == 1 else 1
+            chunks = got[0][0].longest_span(self.reader.spans, span) if len(got) == 1 else 1
             depths = [b.committed + i * self.grid for b, _ in got for i in range(chunks)]
             start_ns = time.time_ns()
             if chunks > 1:
@@ -304,13 +282,6 @@ class Shadow:
             return [ChunkRead(names[0], d, self.grid, share, 1, chunks) for d in depths], start_ns, end_ns
         return [ChunkRead(n, d, self.grid, share, len(names)) for n, d in zip(names, depths, strict=True)], \
             start_ns, end_ns
-
-    def _span_of(self, book: SessionBook, most: int) -> int:
-        """The largest span (or 1) of at most ``most`` chunks, all pending, with no wanted checkpoint
-        line strictly inside it: the reader copies the state at a line, so a span may only end there."""
-        start, pending = book.committed, book.pending // self.grid
-        return max((k for k in self.reader.spans if k <= min(most, pending)
-                    and not any(start < w < start + k * self.grid for w in book.wanted)), default=1)
 
     def _last_used(self, name: str) -> float:
         book = self.residency.held_book(name)
@@ -375,7 +346,7 @@ class Shadow:
             if not question.strip():
                 raise BadInput("empty question")
             return self.prompter.question_ids(question)
-        ids = self._check_ids(question, "question")
+        ids = checked(question, self.reader.vocab_size, "question")
         if not ids:
             raise BadInput("empty question")
         return ids
@@ -432,7 +403,7 @@ class Shadow:
             return self.reader.export(tensors)
 
     def fresh_state(self, ids: Sequence[int]) -> dict[str, Any]:
-        return self.reader.fresh(self._check_ids(ids, "ids"))
+        return self.reader.fresh(checked(ids, self.reader.vocab_size, "ids"))
 
     def forget(self, session: str) -> None:
         """Drop everything of ``session``: its resident state, its parked file, its bookkeeping."""

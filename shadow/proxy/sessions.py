@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shadow.adapters.tokens import IM_START
-from shadow.core.session import first_difference
+from shadow.core.session import first_difference, int32_ids, int32_or_none
 
 SESSION_HEADER = "x-session-id"
 ROOT = b"shadow-proxy-root"
@@ -46,7 +46,10 @@ ROLLBACK_CANDIDATES = 4  # sessions of the deepest shared block whose first prom
 def chain(ids: Sequence[int], grid: int, start: bytes = ROOT, skip: int = 0) -> list[bytes]:
     """The hash of each whole grid block of ``ids`` chained to all before it (block ``skip`` on,
     ``start`` being the chain before it)."""
-    raw = memoryview(array("I", ids[skip * grid: len(ids) // grid * grid]).tobytes())
+    part = ids[skip * grid: len(ids) // grid * grid]
+    # a known session's int32 ids hash as their uint32 array would, without an int object per id
+    # (the proxy takes no negative id)
+    raw = memoryview(part if isinstance(part, array) and part.typecode == "i" else array("I", part)).cast("B")
     step = 4 * grid
     out, h = [], start
     for at in range(0, len(raw), step):
@@ -69,7 +72,7 @@ def before_generation(prompt: Sequence[int]) -> int:
 class _Known:
     first_prompt: int  # ids before the first prompt's generation prompt
     last_prompt: int  # ids before the last prompt's generation prompt
-    ids: list[int] = field(default_factory=list)
+    ids: array[int] = field(default_factory=lambda: array("i"))  # int32: held as long as the session is known
     blocks: list[bytes] = field(default_factory=list)  # chain of ids' whole blocks
     used: int = 0  # when last recorded or extended, on the table's own counter
 
@@ -105,14 +108,17 @@ class Sessions:
         blocks = chain(prompt, self.grid)
         if header is not None:
             return Found(header, "header", blocks)
+        ids = int32_or_none(prompt)  # compared with the sessions' ids, array to array
+        if ids is None:  # past int32: no session holds such ids (``record`` takes int32 only)
+            return Found(None, "new", blocks)
         with self._mu:
-            name = self._continued(prompt, blocks)
+            name = self._continued(ids, blocks)
             if name is not None:
                 return Found(name, "continued", blocks)
-            name = self._rolled_back(prompt, blocks)
+            name = self._rolled_back(ids, blocks)
         return Found(name, "rolled back" if name is not None else "new", blocks)
 
-    def _continued(self, prompt: Sequence[int], blocks: list[bytes]) -> str | None:
+    def _continued(self, prompt: array[int], blocks: list[bytes]) -> str | None:
         g = self.grid
         for j in range(len(blocks), -1, -1):
             names = self._by_key.get(blocks[j - 1] if j else ROOT)
@@ -129,8 +135,7 @@ class Sessions:
                 return best
         return None
 
-    def _rolled_back(self, prompt: Sequence[int], blocks: list[bytes]) -> str | None:
-        ids = list(prompt)
+    def _rolled_back(self, ids: array[int], blocks: list[bytes]) -> str | None:
         for j in range(len(blocks), 0, -1):
             names = self._by_block.get(blocks[j - 1])
             if not names:
@@ -157,12 +162,13 @@ class Sessions:
 
     def record(self, name: str, found: Found, prompt: Sequence[int]) -> str:
         """The turn started: session ``name`` now holds ``prompt`` (``found``: its blocks)."""
+        ids = int32_ids(prompt)  # ValueError before anything changes
         with self._mu:
             old = self._known.pop(name, None)
             if old is not None:
                 self._unindex(name, old)
             known = _Known(old.first_prompt if old is not None else before_generation(prompt),
-                           before_generation(prompt), list(prompt), list(found.blocks), next(self._clock))
+                           before_generation(prompt), ids, list(found.blocks), next(self._clock))
             self._known[name] = known
             self._index(name, known, 0)
             self._by_key.setdefault(known.key(self.grid), {})[name] = None
@@ -174,6 +180,7 @@ class Sessions:
 
     def extend(self, name: str, ids: Sequence[int]) -> None:
         """Output ids fed to ``name``: the next prompt of the conversation starts with them."""
+        more = int32_ids(ids)  # ValueError before anything changes
         with self._mu:
             known = self._known.get(name)
             if known is None:  # evicted or forgotten meanwhile
@@ -181,7 +188,7 @@ class Sessions:
             self._known.move_to_end(name)
             known.used = next(self._clock)
             had = len(known.blocks)
-            known.ids.extend(ids)
+            known.ids.extend(more)
             start = known.blocks[-1] if known.blocks else ROOT
             known.blocks.extend(chain(known.ids, self.grid, start, skip=had))
             self._index(name, known, had)

@@ -182,6 +182,10 @@ def test_fork_decode_leaves_state(checkpoints):
     (lambda sh: sh.feed_prompt("s", [*range(100, 250), VOCAB]), BadInput, f"prompt[150] = {VOCAB}"),
     (lambda sh: sh.feed_prompt("s", [*range(100, 250), 7, "x"]), BadInput, "prompt[151] = 'x'"),
     (lambda sh: sh.feed_prompt("s", [*range(100, 200), -3]), BadInput, "prompt[100] = -3"),
+    # not int32 (the book holds int32 ids): the same message, whatever the array refused
+    (lambda sh: sh.feed_prompt("s", [*range(100, 250), 2**40]), BadInput, f"prompt[150] = {2**40} is not a token id"),
+    (lambda sh: sh.feed_prompt("s", [*range(100, 250), 2.5]), BadInput, "prompt[150] = 2.5 is not a token id"),
+    (lambda sh: sh.feed_output("s", [7, 2**31]), BadInput, f"output[1] = {2**31} is not a token id"),
     (lambda sh: sh.feed_output("s", [-1]), BadInput, "output[0]"),
     (lambda sh: sh.feed_prompt("s", []), BadInput, "empty prompt"),
     (lambda sh: sh.feed_output("other", [1]), UnknownSession, "unknown session 'other'"),
@@ -192,7 +196,7 @@ def test_bad_input_is_refused_and_changes_nothing(checkpoints, call, error, mess
     sh.read()
     def book_view() -> tuple:
         book = sh.memory.peek("s")[0]  # the whole book, wanted lines included: nothing of it may change
-        return (book.ids, {k: v for k, v in book.meta().items() if k != "last_used"})
+        return (list(book.ids), {k: v for k, v in book.meta().items() if k != "last_used"})  # a copy
 
     before, book_before = sh.export_state("s"), book_view()
     with pytest.raises(error) as err:

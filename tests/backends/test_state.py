@@ -3,6 +3,8 @@ written (the tests' ``torch.empty`` gives NaN, so no code can mistake one for a 
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from shadow.backends.qwen35 import KV_STEP, ModelState
@@ -50,7 +52,7 @@ def test_a_sessions_bytes_count_every_tensor_it_holds_checkpoints_included(check
     assert t.nbytes() == summed()
 
     s.length = 64
-    book = SessionBook(grid=64, ids=list(range(64)), committed=64)
+    book = SessionBook(grid=64, ids=array("i", range(64)), committed=64)
     book.checkpoints.append(64)
     data = reader.serialise(book, t)
     back = reader.deserialise(book, data)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from array import array
 from pathlib import Path
 
 import pytest
@@ -136,8 +137,14 @@ def test_restore_is_bit_identical_and_continues(ckpt, tmp_path):
     sh, before, file = _parked(ckpt, tmp_path / "d")
     status = sh.status().sessions["s"]
     assert status.bytes_resident == 0 and status.bytes_on_disk == file.stat().st_size
+    with safe_open(str(file), framework="pt") as f:
+        assert f.get_tensor("ids").dtype == torch.int32
+        assert f.get_tensor("ids").tolist() == ids_for(1, 300) + ids_for(2, 70)
     after = sh.export_state("s")  # restores
     assert all(torch.equal(before[k], after[k]) for k in before)
+    book = sh.memory.peek("s")[0]  # the ids back exactly, held as the book holds them: int32
+    assert isinstance(book.ids, array) and book.ids.typecode == "i"
+    assert book.ids == array("i", ids_for(1, 300) + ids_for(2, 70))
     sh.feed_output("s", ids_for(3, 200))
     sh.read()
     assert_exact(sh, "s")
@@ -392,9 +399,25 @@ def test_a_resident_session_counts_its_ids_as_well_as_its_tensors(tmp_path):
     cfg = Qwen35Config.from_dict(demo_text_config())
     tensors = SessionTensors(ModelState.empty(cfg, "cpu", torch.float32))
     store = MemoryStore()
-    store.put("short", SessionBook(grid=64, ids=[300] * 10), tensors)
-    store.put("long", SessionBook(grid=64, ids=[300] * 1_000_000), tensors)
+    store.put("short", SessionBook(grid=64, ids=array("i", [300] * 10)), tensors)
+    store.put("long", SessionBook(grid=64, ids=array("i", [300] * 1_000_000)), tensors)
     short, long = store.info("short"), store.info("long")
     assert short is not None and long is not None
     assert long.bytes - short.bytes == (1_000_000 - 10) * SessionBook.ID_BYTES
     assert short.bytes == tensors.nbytes() + 10 * SessionBook.ID_BYTES
+
+
+def test_ids_travel_as_their_int32_bytes():
+    """A book's ids go into a parked file and come back from its bytes, no int object per id."""
+    from shadow.backends.stores.parked import ids_array, ids_tensor
+
+    for ids in (array("i"), array("i", [0, 7, 2**31 - 1, -(2**31)])):
+        t = ids_tensor(ids)
+        assert t.dtype == torch.int32 and t.tolist() == list(ids)
+        back = ids_array(t)
+        assert back.typecode == "i" and back == ids
+    ids = array("i", [1, 2])
+    t = ids_tensor(ids)
+    ids.extend(array("i", range(100_000)))  # the book grows (its buffer moves): the tensor is its own copy
+    ids[0] = 5
+    assert t.tolist() == [1, 2]

@@ -265,13 +265,13 @@ def test_a_parked_session_keeps_its_position_here_and_its_ids_in_its_file():
     disk.files.clear()  # the file gone (refused, swept): the session is empty until the host feeds it again
     assert r.counts("s") == (0, 0)
     with r.using("s") as (book, _):
-        assert book.ids == [] and book.committed == 0
+        assert list(book.ids) == [] and book.committed == 0
 
 
 def test_dropped_ids_count_against_the_cap_and_the_oldest_are_forgotten(caplog):
     r, _ = residency(None, cap=18_000, size=10_000)  # no disk: every eviction drops
     for name in "abcd":
-        feed(r, name, 200)  # 7,200 bytes of ids each once dropped
+        feed(r, name, 1_800)  # 7,200 bytes of ids each once dropped (4 bytes an id)
     assert r.names() == ["c", "d"] and r.forgotten == 2
     assert [r.where(n) for n in "cd"] == ["dropped", "resident"]
     assert r.dropped_bytes() == 7_200 and r.resident_bytes() + r.dropped_bytes() <= 18_000
@@ -301,12 +301,12 @@ def test_beyond_max_sessions_the_least_recently_used_is_forgotten(caplog):
 
 def test_ids_appended_without_a_restore_count_against_the_cap():
     r, _ = residency(None, cap=18_000, size=10_000)
-    feed(r, "a", 200)
-    feed(r, "b", 10)  # a is dropped: 7,200 bytes of ids, b resident: 10,000
+    feed(r, "a", 1_800)
+    feed(r, "b", 90)  # a is dropped: 7,200 bytes of ids (4 bytes an id), b resident: 10,000
     assert r.where("a") == "dropped" and r.resident_bytes() + r.dropped_bytes() <= 18_000
     book = r.held_book("a")
     assert book is not None
-    book.feed_output(list(range(100)))  # output appended to a dropped session: its bookkeeping only
+    book.feed_output(list(range(900)))  # output appended to a dropped session: its bookkeeping only
     r.clock.advance(1.0)
     r.used("a")  # 10,800 bytes of ids now: b, the least recently used, is evicted (dropped: no disk)
     assert r.resident_bytes() + r.dropped_bytes() <= 18_000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,7 +51,7 @@ def test_divergence_in_the_tail_needs_no_rollback():
     book.feed_prompt(list(range(100)))
     book.committed_chunk()  # 64 committed, 36 pending
     assert book.feed_prompt(list(range(70)) + [5, 5]) is None
-    assert book.committed == 64 and book.ids[-2:] == [5, 5]
+    assert book.committed == 64 and list(book.ids[-2:]) == [5, 5]
 
 
 def test_at_most_six_checkpoints():
@@ -64,3 +65,49 @@ def test_at_most_six_checkpoints():
             book.took_checkpoint()
     assert len(book.checkpoints) == MAX_CHECKPOINTS
     assert book.checkpoints[0] == 64 * 4
+
+
+def held_as_int32(book: SessionBook) -> bool:
+    return isinstance(book.ids, array) and book.ids.typecode == "i"
+
+
+def test_a_book_holds_its_ids_as_int32_and_takes_a_list_or_an_array_alike():
+    """A session's ids live as long as it does: held as an int32 array, not an int object per id
+    (those pinned CPython's small-object arenas in the soaks). A prompt given as an array must roll
+    back as the same prompt given as a list does (an array never equals a list)."""
+    books = {kind: SessionBook(grid=64) for kind in ("list", "array")}
+    prompt = list(range(5000, 5200))
+    turns = [prompt, prompt + [7] * 40, prompt[:150] + [9] * 90]  # the last one diverges below committed
+    outcomes = {}
+    for kind, book in books.items():
+        seen = []
+        for i, turn in enumerate(turns):
+            seen.append(book.feed_prompt(turn if kind == "list" else array("i", turn)))
+            assert held_as_int32(book)
+            book.feed_output([100 + i] * 30 if kind == "list" else array("i", [100 + i] * 30))
+            assert held_as_int32(book)
+            while book.whole_chunks_pending:
+                book.committed_chunk()
+                if book.checkpoint_due():
+                    book.took_checkpoint()
+        outcomes[kind] = (seen, list(book.ids), book.meta())
+    assert outcomes["list"] == outcomes["array"]
+    seen, ids, meta = outcomes["list"]
+    assert seen[0] is None and seen[1] is None and seen[2] is not None and seen[2].diverged_at == 150
+    assert ids == turns[2] + [102] * 30
+    again = SessionBook.from_meta(meta, ids)
+    assert held_as_int32(again) and list(again.ids) == ids and again.meta() == meta
+    assert held_as_int32(SessionBook.from_meta(meta, array("i", ids)))
+    assert SessionBook.ID_BYTES == array("i").itemsize == 4
+
+
+@pytest.mark.parametrize("bad", [[1, 2.5], [1, 2**31], [1, "2"], [1, None]])
+def test_ids_past_int32_are_refused_and_change_nothing(bad):
+    book = SessionBook(grid=64)
+    book.feed_prompt(list(range(100)))
+    before = (list(book.ids), book.meta())
+    with pytest.raises(ValueError, match="int32 token ids"):
+        book.feed_prompt(list(range(50)) + bad)
+    with pytest.raises(ValueError, match="int32 token ids"):
+        book.feed_output(bad)
+    assert (list(book.ids), book.meta()) == before

@@ -4,9 +4,10 @@ on ids alone (no model): continuations of any length, rollbacks, new conversatio
 from __future__ import annotations
 
 import random
+from array import array
 
 from shadow.adapters.tokens import IM_START
-from shadow.proxy.sessions import Sessions
+from shadow.proxy.sessions import Sessions, chain
 
 GRID = 64
 GEN = [IM_START, 77, 78]  # a generation prompt: <|im_start|>assistant\n
@@ -85,3 +86,21 @@ def test_a_thousand_conversations_sharing_a_long_prefix_each_find_their_own() ->
         nxt = ids + [IM_START] + _ids(10, 1) + GEN
         found = table.find(nxt, None)
         assert (found.name, found.how) == (name, "continued")
+
+
+def test_the_table_holds_ids_as_int32_and_finds_as_it_did() -> None:
+    """A known conversation's ids live as long as it is known: an int32 array each, not an int
+    object per id; the blocks hash as before, and a prompt given as an array is found as a list is."""
+    table = Sessions(GRID)
+    prompt = _ids(3 * GRID + 5, 7) + GEN
+    name = _turn(table, prompt, _ids(2 * GRID, 8))
+    held = table._known[name].ids
+    assert isinstance(held, array) and held.typecode == "i" and table.ids(name) == list(held)
+    assert table._known[name].blocks == chain(table.ids(name), GRID)  # as a list of ints hashes
+    nxt = table.ids(name) + _ids(10, 9) + GEN
+    assert table.find(nxt, None).name == name and table.find(array("i", nxt), None).name == name
+    assert _turn(table, nxt, _ids(5, 11)) == name
+    rolled = prompt[:-len(GEN)] + _ids(GRID, 10) + GEN  # its history cut after the first prompt
+    assert table.find(rolled, None) == table.find(array("i", rolled), None)
+    assert (table.find(rolled, None).name, table.find(rolled, None).how) == (name, "rolled back")
+    assert table.find(prompt[:GRID] + [2**31] + GEN, None).how == "new"  # ids no session holds

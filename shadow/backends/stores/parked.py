@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -79,10 +80,23 @@ def checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
     return top.hexdigest()
 
 
+def ids_tensor(ids: array[int]) -> torch.Tensor:
+    """The book's int32 ids as a tensor of their own bytes: no int object made per id. A copy, at
+    once: ``frombuffer``'s view would point into the book's buffer even after the array moves it."""
+    return torch.frombuffer(ids, dtype=torch.int32).clone() if ids else torch.empty(0, dtype=torch.int32)
+
+
+def ids_array(ids: torch.Tensor) -> array[int]:
+    """A file's int32 ids tensor as the ``array("i")`` a book holds, from its bytes."""
+    out = array("i")
+    out.frombytes(ids.contiguous().view(torch.uint8).numpy().data)
+    return out
+
+
 def encode(name: str, book: SessionBook, state: dict[str, torch.Tensor], ident: dict[str, str],
            now: float) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors and metadata of ``name``'s file (``state``: the reader's serialised tensors)."""
-    data = {"ids": torch.tensor(book.ids, dtype=torch.int32), **state}
+    data = {"ids": ids_tensor(book.ids), **state}
     meta = {**ident, "session": name, "parked_at": repr(now), "book": json.dumps(book.meta()),
             "layout": json.dumps(LAYOUT)}
     meta["checksum"] = checksum(data, meta)
@@ -176,7 +190,7 @@ def load(path: Path, meta: dict[str, str], name: str, vocab_size: int,
         ids = data.pop("ids")
         if ids.numel() and not (int(ids.min()) >= 0 and int(ids.max()) < vocab_size):
             raise Refused(f"ids outside the vocabulary [0, {vocab_size})")
-        return SessionBook.from_meta(json.loads(meta["book"]), ids.tolist()), data
+        return SessionBook.from_meta(json.loads(meta["book"]), ids_array(ids)), data
     except Refused:
         raise
     except Exception as e:  # nothing a file holds may raise out of the store
