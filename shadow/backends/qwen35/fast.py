@@ -193,8 +193,13 @@ class FastForward:
 
     # ---- the pieces ----------------------------------------------------------------------------
 
+    def _chunk_rows(self, r: Rows) -> int:
+        """Rows of one grid chunk's call where a piece runs per chunk (a session's rows if fewer):
+        a span's chunks then see the calls their one-chunk passes see."""
+        return min(r.seg, self.grid)
+
     def _linear(self, r: Rows, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        step = min(r.seg, self.grid)  # off CUDA a GEMM never takes two chunks' rows
+        step = self._chunk_rows(r)  # off CUDA a GEMM never takes two chunks' rows
         if not self.gemm_per_session or r.n <= step:
             return F.linear(x, w)
         return torch.cat([F.linear(x[at:at + step], w) for at in range(0, r.n, step)])
@@ -237,7 +242,7 @@ class FastForward:
             o = self._fla.chunk_rule_in_place(q, k, v, g, beta, states, r.solve)
         else:  # a call a chunk (or a session's rows, if fewer), each from what the one before left
             outs = []
-            step = min(r.seg, self.grid)
+            step = self._chunk_rows(r)
             for rows in range(0, n, step):
                 part = slice(rows, rows + step)
                 state = states[rows // r.seg]
@@ -309,7 +314,7 @@ class FastForward:
         torch._foreach_copy_([t for s, at, _ in spans for t in (s.k[i][at:at + r.seg], s.v[i][at:at + r.seg])],
                              [t for _, _, rows in spans for t in (k_all[rows], v_all[rows])])
         if compute:  # a call a chunk, at its own start: its split rule sees that chunk's depth only
-            step = min(r.seg, self.grid)
+            step = self._chunk_rows(r)
             for state, start, rows in spans:
                 for at in range(rows.start, rows.stop, step):
                     self._attend_one(q_all[at:at + step], state, i, start + at - rows.start, r.attn[at:at + step])
