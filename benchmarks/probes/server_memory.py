@@ -15,6 +15,11 @@ the C heap fragments. Each line holds:
 - ``maps``: where the resident bytes lie (``/proc/self/smaps``): anonymous and file-backed KiB, and
   each mapping holding at least 1 MiB by its address range and name, so that a region outside
   glibc's heap that grows shows itself;
+- ``pymalloc``: Python's small-object allocator (``sys._debugmallocstats``): arenas held, bytes in
+  blocks in use and free inside them, unused pools, and per size class the pools, blocks in use and
+  blocks free; where the arenas grow while the bytes in use do not, a size class whose free blocks
+  grow says which objects fragment them (the call writes to fd 2: for that instant the server's own
+  stderr lines land in the sample's scratch file and are lost);
 - ``objects``: objects the garbage collector tracks, and the 12 types that grew most since the
   baseline, the first line at least ``SHADOW_MEMORY_BASELINE_S`` seconds (300) in: after warm-up,
   so that what the imports and the model's load made does not hide what piles up later;
@@ -86,6 +91,36 @@ def _maps() -> dict[str, Any] | None:
     return {"anon_kb": anon, "file_kb": file, "big": big}
 
 
+def _pymalloc() -> dict[str, Any] | None:
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as scratch:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(scratch.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        scratch.seek(0)
+        text = scratch.read()
+    classes: dict[str, list[int]] = {}
+    totals: dict[str, int] = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if len(cells) == 5 and all(c.isdigit() for c in cells):  # class size pools in-use free
+            classes[cells[1]] = [int(c) for c in cells[2:]]
+        elif line.startswith("# ") and "=" in line:
+            key, _, value = line[2:].partition("=")
+            totals[key.strip()] = int(value.strip().replace(",", ""))
+        elif "unused pools *" in line:
+            totals["unused pools"] = int(cells[0])
+    if not classes:
+        return None
+    return {"totals": totals, "classes": classes}
+
+
 def _types() -> Counter[str]:
     return Counter(type(o).__qualname__ for o in gc.get_objects())
 
@@ -108,7 +143,7 @@ class Sampler:
                 tracemalloc.start(self.trace_frames)
         grew = (types - self.first_types).most_common(12) if self.first_types is not None else []
         line: dict[str, Any] = {"t_s": round(t, 1), "rss": _rss(), "malloc": mallinfo(), "maps": _maps(),
-                                "objects": {"total": sum(types.values()), "grew": dict(grew)}}
+                                "pymalloc": _pymalloc(), "objects": {"total": sum(types.values()), "grew": dict(grew)}}
         if tracemalloc.is_tracing() and self.first_types is not None:
             snap = tracemalloc.take_snapshot()
             if self.first_snapshot is None:
