@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors import TensorSpec, safe_open, serialize_file
+from safetensors import TensorSpec, serialize_file
 
+from shadow.backends.stores import tensor_file
 from shadow.core.session import SessionBook, checked_meta
 
 FORMAT_VERSION = "shadow-session-2"  # 2: the checksum covers the metadata; files of 1 are refused
@@ -124,10 +125,10 @@ def open_header(path: Path, ident: dict[str, str], grid: int, now: float) -> dic
     """The file's metadata, every field checked against the others, the tensors' shapes and this
     reader. Raises Refused, and nothing else."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta: dict[str, str] = f.metadata() or {}
-            shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}  # noqa: SIM118 (not a mapping)
-            ids_dtype = f.get_slice("ids").get_dtype() if "ids" in shapes else None
+        header = tensor_file.open_header(path)
+        meta = header.metadata
+        shapes = {k: list(s.shape) for k, s in header.slots.items()}
+        ids_dtype = header.slots["ids"].dtype if "ids" in shapes else None
     except Exception as e:  # whatever a damaged file makes the reader raise refuses it
         raise Refused(f"unreadable: {type(e).__name__}: {str(e)[:200]}") from None
     try:
@@ -176,8 +177,7 @@ def load(path: Path, meta: dict[str, str], name: str, vocab_size: int,
     the checksum re-computed (and, given ``expect_checksum``, that of the park this process made),
     the session and the ids checked. Raises Refused, and nothing else."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            data = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+        _, data = tensor_file.read(path)  # not safetensors' get_tensor, which leaks (tensor_file.py)
     except Exception as e:  # a file cut or changed since its header was read
         raise Refused(f"unreadable: {type(e).__name__}: {str(e)[:200]}") from None
     try:
