@@ -40,14 +40,37 @@ def _ref_logits(ref, ids: torch.Tensor) -> torch.Tensor:
         return ref(input_ids=ids[None]).logits[0].float()
 
 
+def _rounding_response(ref, ids: torch.Tensor) -> torch.Tensor:
+    """Per row, how far transformers' logits move, computed in fp64, when the input embeddings move
+    by less than fp32's rounding (relative 1e-7, three draws). A random tiny model has rows where
+    that is large: at six-layers-tied, 700 ids, rows 572-574 move by up to 0.030 (the median row by
+    7e-5), and there two fp32 forwards agree only as far as their rounding happens to fall, which
+    changes with the CPU's kernels (oneDNN's conv on an AMX machine against an AVX2 one)."""
+    ref64 = ref.to(torch.float64)
+    try:
+        with torch.no_grad():
+            emb = ref64.get_input_embeddings()(ids[None])
+            base = ref64(inputs_embeds=emb).logits[0]
+            moved = []
+            for seed in range(3):
+                noise = torch.randn(emb.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+                moved.append((ref64(inputs_embeds=emb * (1 + 1e-7 * noise)).logits[0] - base).abs().amax(-1))
+        return torch.stack(moved).amax(0).float()
+    finally:
+        ref.to(torch.float32)
+
+
 @pytest.mark.parametrize("length", LENGTHS)
 def test_logits_equal_transformers(pair, length):
+    """Within 1e-4 of the logits' scale on every row, plus twice what sub-rounding noise does to that
+    row (``_rounding_response``: well under 1e-5 of the scale on a typical row)."""
     ours, ref, tc = pair
     ids = torch.randint(0, tc["vocab_size"], (length,), generator=torch.Generator().manual_seed(length))
     got = ours.logits(ids)
     want = _ref_logits(ref, ids)
     assert got.shape == (length, tc["vocab_size"]) and got.dtype == torch.float32
-    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    bound = 1e-4 * want.abs().max() + 2 * _rounding_response(ref, ids)
+    assert ((got - want).abs().amax(-1) <= bound).all()
 
 
 def test_split_prefill_equals_one_piece_and_transformers_cache(pair):
