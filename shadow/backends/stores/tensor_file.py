@@ -43,7 +43,6 @@ class Slot:
 class Header:
     metadata: dict[str, str]
     slots: dict[str, Slot]
-    data_start: int
     data_len: int
 
 
@@ -82,7 +81,7 @@ def read_header(f: BinaryIO, file_len: int) -> Header:
         at = slot.end
     if at != data_len:
         raise ValueError(f"the tensors cover {at} bytes of a data section of {data_len}")
-    return Header(metadata, slots, 8 + n, data_len)
+    return Header(metadata, slots, data_len)
 
 
 def open_header(path: Path) -> Header:
