@@ -61,3 +61,50 @@ def test_the_split_count_fills_one_wave_of_the_sms_or_two_where_two_fill_them_be
     assert splits(16, 100352) == 66  # 2 blocks: one wave of 132 programs
     # the rule before, for the probes: about 264 programs
     assert -(-33280 // attention.split_len(2048, 2, 33280, bm=128, bn=64, min_split=1024, target=264)) == 8
+
+
+def test_a_table_launch_gives_each_entry_the_bits_of_its_own_call():
+    """Entries of one launch (sessions at different depths, and two chunks of one session, as a
+    span reads them) against ``attend`` called per chunk after the same rows were written."""
+    heads, kv, d, n = 4, 2, 32, 16
+    gen = torch.Generator().manual_seed(7)
+    caps, starts = [96, 300, 64], [40, 200, 0]
+    entries = [(0, 40), (1, 200), (2, 0), (1, 216)]  # (session, start): session 1 twice, a span of 2
+
+    def buffers():
+        g = torch.Generator().manual_seed(11)
+        return [(torch.randn(c, kv, d, generator=g).to(torch.bfloat16),
+                 torch.randn(c, kv, d, generator=g).to(torch.bfloat16)) for c in caps]
+
+    q = torch.randn(len(entries) * n, heads, d, generator=gen).to(torch.bfloat16)
+    k_new = torch.randn(len(entries) * n, kv, d, generator=gen).to(torch.bfloat16)
+    v_new = torch.randn(len(entries) * n, kv, d, generator=gen).to(torch.bfloat16)
+    assert starts  # the depths above are each session's first entry's start
+
+    table_kv = buffers()
+    table = torch.tensor([attention.table_row(at, n, heads, *table_kv[b]) for b, at in entries])
+    attention.write_rows(k_new, v_new, table)
+    out = torch.full_like(q, float("nan"))
+    attention.attend_table(q, table, table_kv[0][0], out)
+
+    alone_kv = buffers()
+    for e, (b, at) in enumerate(entries):
+        alone_kv[b][0][at:at + n] = k_new[e * n:(e + 1) * n]
+        alone_kv[b][1][at:at + n] = v_new[e * n:(e + 1) * n]
+    alone = torch.full_like(q, float("nan"))
+    for e, (b, at) in enumerate(entries):
+        attention.attend(q[e * n:(e + 1) * n], *alone_kv[b], at, alone[e * n:(e + 1) * n])
+
+    assert torch.equal(out, alone)
+    for (k1, v1), (k2, v2) in zip(table_kv, alone_kv, strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert int(table[1, 2]) > 1 and int(table[2, 2]) == 1  # the deep entry split, the shallow one did not
+
+
+def test_a_table_entry_refuses_rows_it_cannot_address():
+    k = torch.zeros(32, 2, 8, 4).select(3, 0)  # not contiguous
+    with pytest.raises(ValueError, match="contiguous KV rows"):
+        attention.table_row(0, 16, 4, k, k)
+    k = torch.zeros(20, 2, 8)
+    with pytest.raises(ValueError, match="contiguous KV rows"):
+        attention.table_row(8, 16, 4, k, k)  # 24 rows needed

@@ -385,3 +385,26 @@ def test_the_reader_reads_a_span_as_its_chunks_one_pass_each(checkpoints):
     assert_same(reader, later, before, "nothing read")
     with pytest.raises(ValueError, match="not pending"):
         reader.read_span(spanned.book, spanned.tensors, 2)  # 12 ids pending past 128
+
+
+def test_reads_through_the_table_give_the_bits_of_one_attention_call_a_chunk(checkpoints):
+    """A read's pass as its graph holds it (K and V rows written, and attention over each chunk,
+    from a table of starts and addresses) against the piecewise pass (a copy and an ``attend`` call
+    a chunk): sessions at different depths in a batch, and a span, bit for bit."""
+    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.graphs import same_state
+
+    model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
+    ids = torch.randint(0, 248000, (5, 64), generator=torch.Generator().manual_seed(9))
+    results = []
+    for table in (True, False):
+        ff = FastForward(model, grid=64, spans=(2,))
+        assert ff.table_reads
+        ff.table_reads = table
+        a, b = model.new_state(), model.new_state()
+        ff.read_chunk(ids[0], a)
+        ff.read_chunks([(ids[1], a), (ids[2], b)])  # depths 64 and 0
+        ff.read_chunks([(torch.cat([ids[3], ids[4]]), b)])  # a span of 2 chunks from 64
+        results.append((a, b))
+    assert all(same_state(got, want) for got, want in zip(*results, strict=True))
+    assert results[0][0].length == 128 and results[0][1].length == 192

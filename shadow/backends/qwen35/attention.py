@@ -59,11 +59,34 @@ def _softmax_step(q, k, m_i, qk_scale, keep, MASKED: tl.constexpr, FOLD: tl.cons
 
 
 @triton.jit
-def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, end, split_len,
-                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, start, n, end, split_len,
+                 max_splits, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                  rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                 SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr):
+                 SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr,
+                 TABLE: tl.constexpr):
     pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    kd = k_desc
+    vd = v_desc
+    e = 0
+    split = SPLIT
+    if TABLE:  # program axis 2 is (entry, split); the entry's numbers come from its row of the table
+        e = s // max_splits
+        s = s % max_splits
+        row = tab_ptr + e * 5  # (start, split length, splits, K's address, V's address)
+        start = tl.load(row).to(tl.int32)
+        split_len = tl.load(row + 1).to(tl.int32)
+        splits = tl.load(row + 2)
+        if s >= splits:
+            return
+        split = splits > 1
+        k_ptr = tl.multiple_of(tl.load(row + 3), 16).to(tl.pointer_type(k_ptr.dtype.element_ty))
+        v_ptr = tl.multiple_of(tl.load(row + 4), 16).to(tl.pointer_type(v_ptr.dtype.element_ty))
+        q_ptr += e * n * stride_qt
+        o_ptr += e * n * stride_ot
+        end = start + n
+        if TMA:
+            kd = tl.make_tensor_descriptor(k_ptr, [end, stride_kt], [stride_kt, 1], [BN, D])
+            vd = tl.make_tensor_descriptor(v_ptr, [end, stride_vt], [stride_vt, 1], [BN, D])
     rows = pid_m * BM + tl.arange(0, BM)  # packed rows: token * G + head within the group
     t = rows // G
     head = h * G + rows % G
@@ -88,16 +111,13 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
     # Full tiles: every row sees every key; with TMA the copy engine fetches them (all in bounds).
     for kb in range(lo, free, BN):
         cols = kb + cols0
-        if TMA:
-            k = k_desc.load([kb, h * D]).T
-        else:
-            k = tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh + d[:, None])
+        k = kd.load([kb, h * D]).T if TMA else tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh + d[:, None])
         if UPCAST:
             k = k.to(tl.float32)
         p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, None, False, FOLD)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        v = v_desc.load([kb, h * D]) if TMA else tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :])
+        v = vd.load([kb, h * D]) if TMA else tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :])
         if UPCAST:
             v = v.to(tl.float32)
         acc = tl.dot(p.to(v.dtype), v, acc)
@@ -118,8 +138,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
 
     seen = l_i > 0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    if SPLIT:
-        at = (s * tl.num_programs(1) + h) * rows_total + rows
+    if split:
+        at = ((e * max_splits + s) * tl.num_programs(1) + h) * rows_total + rows
         tl.store(part_ptr + at[:, None] * D + d[None, :], out, mask=row_ok[:, None])
         tl.store(lse_ptr + at, tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf")),
                  mask=row_ok)
@@ -129,10 +149,18 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
 
 
 @triton.jit
-def _merge_kernel(part_ptr, lse_ptr, o_ptr, n, splits, rows_total, stride_ot, stride_oh, G: tl.constexpr,
-                  D: tl.constexpr, BM: tl.constexpr):
+def _merge_kernel(part_ptr, lse_ptr, o_ptr, tab_ptr, n, splits, max_splits, rows_total, stride_ot, stride_oh,
+                  G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, TABLE: tl.constexpr):
     pid_m, h = tl.program_id(0), tl.program_id(1)
     heads = tl.num_programs(1)
+    if TABLE:  # program axis 2 is the entry; one that did not split wrote its rows itself
+        e = tl.program_id(2)
+        splits = tl.load(tab_ptr + e * 5 + 2)
+        if splits == 1:
+            return
+        part_ptr += e * max_splits * heads * rows_total * D
+        lse_ptr += e * max_splits * heads * rows_total
+        o_ptr += e * n * stride_ot
     rows = pid_m * BM + tl.arange(0, BM)
     t = rows // G
     row_ok = t < n
@@ -184,17 +212,27 @@ def split_len(rows_total: int, kv_heads: int, end: int, bm: int = BM, bn: int = 
     ``min_split`` keys a split. ``target`` gives the rule before (``target // blocks`` splits), for
     the probes."""
     blocks = triton.cdiv(rows_total, bm) * kv_heads
-    most = triton.cdiv(end, min_split)
-    if target is not None:
-        splits = max(1, min(target // blocks, most))
-    else:
-        one, two = (max(1, min(w * SMS // blocks, most)) for w in (1, 2))
-
-        def fill(s: int) -> float:
-            return blocks * s / (SMS * triton.cdiv(blocks * s, SMS))
-
-        splits = two if fill(two) > fill(one) + 0.1 else one
+    splits = _split_count(blocks, triton.cdiv(end, min_split), target)
     return triton.cdiv(triton.cdiv(end, splits), bn) * bn
+
+
+def _split_count(blocks: int, most: int, target: int | None = None) -> int:
+    if target is not None:
+        return max(1, min(target // blocks, most))
+    one, two = (max(1, min(w * SMS // blocks, most)) for w in (1, 2))
+
+    def fill(s: int) -> float:
+        return blocks * s / (SMS * triton.cdiv(blocks * s, SMS))
+
+    return two if fill(two) > fill(one) + 0.1 else one
+
+
+def most_splits(rows_total: int, kv_heads: int, bm: int = BM) -> int:
+    """The most splits ``split_len`` gives at this shape, at any depth: the size of a table launch's
+    split axis. The count depends on the depth only through ``cdiv(end, min_split)``, and past twice
+    a wave of blocks that no longer changes it."""
+    blocks = triton.cdiv(rows_total, bm) * kv_heads
+    return max(_split_count(blocks, most) for most in range(1, 2 * SMS // blocks + 2))
 
 
 def _descriptor(t: torch.Tensor, end: int, block: list[int]) -> TensorDescriptor | None:
@@ -233,16 +271,107 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
               "num_stages": stages}
     descs = (k_desc, v_desc) if use_tma else (keys, values)
     if splits == 1:
-        return _attn_kernel[grid](q, keys, values, *descs, out, out, out, start, n, end, step, *common, SPLIT=False,
-                                  **shapes)
+        return _attn_kernel[grid](q, keys, values, *descs, out, out, out, out, start, n, end, step, 1, *common,
+                                  SPLIT=False, TABLE=False, **shapes)
     part = torch.empty(splits * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
-    kernel = _attn_kernel[grid](q, keys, values, *descs, out, part, lse, start, n, end, step, *common, SPLIT=True,
-                                **shapes)
-    merge_bm = 16
-    _merge_kernel[(triton.cdiv(rows_total, merge_bm), kv)](part, lse, out, n, splits, rows_total, out.stride(0),
-                                                         out.stride(1), G=g, D=d, BM=merge_bm, num_warps=4)
+    kernel = _attn_kernel[grid](q, keys, values, *descs, out, part, lse, out, start, n, end, step, 1, *common,
+                                SPLIT=True, TABLE=False, **shapes)
+    _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv)](part, lse, out, out, n, splits, 1, rows_total,
+                                                         out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
+                                                         TABLE=False, num_warps=4)
     return kernel
+
+
+# The table a pass's attention reads on the device: one row an entry (a session's chunk), of
+# (start, split length, splits, K's address, V's address), int64.
+TABLE_FIELDS = 5
+MERGE_BM = 16
+
+
+def table_row(start: int, n: int, heads: int, keys: torch.Tensor, values: torch.Tensor) -> list[int]:
+    """An entry's row: a chunk of ``n`` rows at ``start`` over ``keys``/``values`` (``[>= start + n,
+    KV, D]``, rows first and contiguous), with the split rule ``attend`` applies at that depth."""
+    kv, d = keys.shape[1], keys.shape[2]
+    for t in (keys, values):
+        if not t.is_contiguous() or t.data_ptr() % 16 or t.shape[0] < start + n:
+            raise ValueError(f"a table entry needs contiguous KV rows [>= {start + n}, {kv}, {d}] on 16 bytes, "
+                             f"got {list(t.shape)} with strides {t.stride()} at {t.data_ptr() % 16} past 16")
+    step = split_len(n * (heads // kv), kv, start + n)
+    return [start, step, triton.cdiv(start + n, step), keys.data_ptr(), values.data_ptr()]
+
+
+def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor) -> None:
+    """``attend`` for every entry of ``table`` (``[E, TABLE_FIELDS]`` on ``q``'s device) in one launch
+    and one merge, the grid fixed by the shapes alone, so that it can be captured once and replayed
+    at any depths: entry e's queries are rows ``[e * n, (e + 1) * n)`` of ``q`` (``[E * n, H, D]``)
+    and ``out``, over the KV rows at its addresses. Each entry runs ``attend``'s code on its own
+    numbers, in the same order (its split length and count are ``attend``'s at its depth), so it
+    gives ``attend``'s bits for that chunk whatever the other entries hold. ``like`` is any tensor of
+    the KV rows' dtype and ``[.., KV, D]`` contiguous layout (the kernel takes its strides)."""
+    entries = table.shape[0]
+    rows, heads, d = q.shape
+    n, kv = rows // entries, like.shape[1]
+    g = heads // kv
+    rows_total = n * g
+    most = most_splits(rows_total, kv)
+    part = torch.empty(entries * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(entries * most * kv * rows_total, device=q.device, dtype=torch.float32)
+    _scratch_for_descriptors(q.device)
+    _attn_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
+        q, like, like, like, like, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0),
+        like.stride(1), like.stride(0), like.stride(1), out.stride(0), out.stride(1), rows_total, d ** -0.5 * LOG2E,
+        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=TMA, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
+        num_stages=STAGES)
+    if most > 1:
+        _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, entries)](
+            part, lse, out, table, n, 0, most, rows_total, out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
+            TABLE=True, num_warps=4)
+
+
+@triton.jit
+def _write_rows_kernel(k_src, v_src, tab_ptr, n, W: tl.constexpr, BR: tl.constexpr):
+    e, blk = tl.program_id(0), tl.program_id(1)
+    row = tab_ptr + e * 5
+    start = tl.load(row)
+    k_dst = tl.multiple_of(tl.load(row + 3), 16).to(tl.pointer_type(k_src.dtype.element_ty))
+    v_dst = tl.multiple_of(tl.load(row + 4), 16).to(tl.pointer_type(v_src.dtype.element_ty))
+    r = blk * BR + tl.arange(0, BR)
+    c = tl.arange(0, W)
+    ok = (r < n)[:, None]
+    src = (e * n + r).to(tl.int64)[:, None] * W + c[None, :]
+    dst = (start + r).to(tl.int64)[:, None] * W + c[None, :]
+    tl.store(k_dst + dst, tl.load(k_src + src, mask=ok), mask=ok)
+    tl.store(v_dst + dst, tl.load(v_src + src, mask=ok), mask=ok)
+
+
+def write_rows(keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor) -> None:
+    """Entry e's K and V rows (rows ``[e * n, (e + 1) * n)`` of ``keys``/``values``, ``[E * n, KV, D]``
+    contiguous) into its session's buffers at its start, the addresses read from ``table``: one
+    launch however many sessions, and nothing the host computes per pass beyond the table."""
+    entries = table.shape[0]
+    n = keys.shape[0] // entries
+    width = keys.shape[1] * keys.shape[2]
+    if not (keys.is_contiguous() and values.is_contiguous()) or width != triton.next_power_of_2(width):
+        raise ValueError(f"write_rows takes contiguous rows of a power-of-two width, got {list(keys.shape)}")
+    br = 16
+    _write_rows_kernel[(entries, triton.cdiv(n, br))](keys, values, table, n, W=width, BR=br, num_warps=4)
+
+
+_scratch_set = False
+
+
+def _scratch_for_descriptors(device: torch.device) -> None:
+    """Tensor descriptors made on the device (``attend_table``) need scratch memory from the caller."""
+    global _scratch_set
+    if _scratch_set:
+        return
+
+    def scratch(size: int, alignment: int, stream: Any) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.int8, device=device)
+
+    triton.set_allocator(scratch)
+    _scratch_set = True
 
 
 def attend_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:

@@ -1,22 +1,22 @@
-"""The fast forward: merged projections, fused kernels and piecewise CUDA graphs, reading one
-session's chunk or a batch of sessions' chunks in one forward.
+"""The fast forward: merged projections, fused kernels and CUDA graphs, reading one session's chunk
+or a batch of sessions' chunks in one forward.
 
-Why piecewise graphs around attention (and not one graph per chunk): a pass's shape never changes
-(``grid`` rows a session), but its depths and its sessions do. Everything except attention depends
-on the rows alone, so it is captured once per row count and replayed for every session at every
-depth. Attention runs eagerly between the pieces, over each session's own KV rows, which can
-therefore grow in 8,192-row steps as before: no per-session reservation of a maximum length, no
-paging. The engines do the same (vLLM's piecewise graphs). Passes of 16 rows or more (chunks,
-questions) attend through our own kernel (``attention.py``: 4 query heads a KV head packed as
-rows, keys split by a rule of the depth alone); fewer rows (decode) through torch's flash kernel.
-Neither sizes anything from a buffer's capacity, which would change bits as the buffer grew.
+A read's pass (``grid`` rows a session, or a span's ``k * grid``) is one captured graph for every
+depth and every set of sessions: its attention reads each chunk's start, split rule and KV
+addresses from a table staged with its ids (``attention.attend_table``, ``write_rows``), so each
+session's KV rows stay in its own buffers, growing in 8,192-row steps: no reservation of a maximum
+length, no paging. A fork (questions, decode) runs piecewise graphs around attention, which runs
+eagerly between them over the session's rows: through our kernel for 16 rows or more, torch's
+flash kernel below (``attention.py``). Neither sizes anything from a buffer's capacity, which
+would change bits as the buffer grew.
 
 Per-session state that the graphs touch lives in static buffers: the conv and recurrent state of
 ``max_batch`` slots, copied in before a forward and, for a chunk that commits, copied out after it
-(about 19 MB each way a session at 0.8B). KV rows are written by the eager step between the pieces,
-straight into each session's own buffers. A fork (question, decode; ``fork.py``) uses slot 0 and
-copies in, never out, so the committed state is untouched by construction. A pass's inputs cross in
-one copy from pinned host memory (``staging.py``).
+(about 19 MB each way a session at 0.8B). KV rows are written straight into each session's own
+buffers, inside a read's graph or eagerly between a fork's pieces (``piecewise.py``). A fork
+(question, decode; ``fork.py``) uses slot 0 and copies in, never out, so the committed state is
+untouched by construction. A pass's inputs cross in one copy from pinned host memory
+(``staging.py``).
 
 A batch: B sessions, each at its own depth, read their next chunk in one pass of ``B * grid`` rows,
 session b's rows at ``[b * grid, (b + 1) * grid)``. Each session's tensors equal its chunk read
@@ -28,8 +28,8 @@ from that session's alone, in the same order:
   (``kernels.conv_silu`` with a state per session);
 - GDN: fla's kernels with the sessions as their batch axis; a program's sequence comes from its
   program id, so one session's programs run the same code on the same numbers (``gdn_fla``);
-- attention: one call per session over its own rows, its split rule a function of that session's
-  depth alone;
+- attention: each chunk's programs read that chunk's row of the table only, and run ``attend``'s
+  code on it, its split rule a function of that chunk's depth alone;
 - GEMMs over the concatenated rows: cuBLAS computes a row from that row and the weight, in an
   order fixed by the kernel it picks; the kernel may change with the row count (split K, say), so
   this is checked rather than assumed. At warm-up every captured batch size reads random sessions
@@ -45,7 +45,7 @@ each session's chunks in the bits of reading them one pass each: the rows are th
 everything row-wise; the conv takes a chunk's held columns from the rows before it, the very values
 a chunk's state would hold; fla's state kernel carries the recurrent state across the chunks in
 fp32, as the slots carry it between passes (``benchmarks/probes/gdn_span.py``: bit-equal on the
-H200); attention runs one call a chunk, at that chunk's own start. Spans are captured and checked
+H200); attention takes each chunk as an entry of its own, at that chunk's own start. Spans are captured and checked
 only for the sizes ``FastForward(spans=...)`` names (none by default: the service does not read
 them yet).
 
@@ -71,9 +71,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
-from . import attention, graphs, kernels
+from . import attention, graphs, kernels, piecewise
 from .fork import Fork
 from .gdn import gated_delta_rule_chunked
 from .merged import FullW, GdnW, merge, one_plus
@@ -134,7 +133,11 @@ class FastForward:
                                     dtype=model.dtype)
         self.rec_all = torch.zeros(layers, slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                    cfg.linear_value_head_dim, device=self.device, dtype=torch.float32)
-        self.rows: dict[tuple[int, int], Rows] = {}  # by (rows, rows a session)
+        self.rows: dict[tuple[int, int, bool], Rows] = {}  # by (rows, rows a session, a read's)
+        # A read's pass is captured whole: its attention reads each chunk's start and KV addresses
+        # from a table on the device (``attention.attend_table``), where our kernel serves the grid.
+        self.table_reads = attention.fits(grid, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self._kv_like = torch.empty(1, cfg.num_key_value_heads, cfg.head_dim, device=self.device, dtype=model.dtype)
         self.pool: Any = None
         self.capture_s = 0.0
         self.capture_bytes = 0
@@ -154,9 +157,13 @@ class FastForward:
         return tuple(s for s in FORK_SIZES if s < self.grid) + tuple(b * self.grid for b in self.batches)
 
     @property
-    def shapes(self) -> tuple[tuple[int, int], ...]:
-        """Every (rows, rows a session) a pass may take: ``sizes``, and each span's."""
-        return tuple((n, min(n, self.grid)) for n in self.sizes) + tuple((k * self.grid,) * 2 for k in self.spans)
+    def shapes(self) -> tuple[tuple[int, int, bool], ...]:
+        """Every (rows, rows a session, a read's) a pass may take: a fork's sizes up to the grid, each
+        batch's and each span's reads (with the piecewise path, a read of one grid shares a fork's)."""
+        forks = tuple((n, n, False) for n in self.sizes if n <= self.grid)
+        reads = tuple((b * self.grid, self.grid, self.table_reads) for b in self.batches)
+        reads += tuple((k * self.grid, k * self.grid, self.table_reads) for k in self.spans)
+        return tuple(dict.fromkeys(forks + reads))
 
     @property
     def usable(self) -> tuple[int, ...]:
@@ -179,16 +186,17 @@ class FastForward:
         the torch form): a decode step's few rows cost more in the chunked form's launches."""
         return self._fla is not None and n >= 16
 
-    def _rows_for(self, n: int, seg: int | None = None) -> Rows:
+    def _rows_for(self, n: int, seg: int | None = None, read: bool = False) -> Rows:
         seg = min(n, self.grid) if seg is None else seg
-        rows = self.rows.get((n, seg))
+        rows = self.rows.get((n, seg, read))
         if rows is None:
             cfg = self.cfg
-            rows = Rows.make(n, seg, cfg.num_attention_heads, cfg.head_dim, self.device, self.model.dtype)
+            table = (self.n_attn, n // self.grid, attention.TABLE_FIELDS) if read else ()
+            rows = Rows.make(n, seg, cfg.num_attention_heads, cfg.head_dim, self.device, self.model.dtype, table)
             if self._chunked(n):
                 rows.solve = torch.zeros(1, n, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=self.device,
                                          dtype=self.model.dtype)
-            self.rows[(n, seg)] = rows
+            self.rows[(n, seg, read)] = rows
         return rows
 
     # ---- the pieces ----------------------------------------------------------------------------
@@ -303,38 +311,39 @@ class FastForward:
         else:
             self._logits(r)
 
-    def _attend(self, r: Rows, states: Sequence[ModelState], i: int, starts: Sequence[int], compute: bool) -> None:
-        """Eager, between two pieces: write each session's K and V rows into it, and attend over its
-        own rows (one call a session: its split rule sees its depth only)."""
-        q_all, k_all, v_all = r.qkv[i]
-        spans = [(state, start, slice(b * r.seg, (b + 1) * r.seg))
-                 for b, (state, start) in enumerate(zip(states, starts, strict=True))]
-        # every session's K and V rows in one multi-tensor launch, not two copies a session: the
-        # launches between the pieces are host time the device waits for
-        torch._foreach_copy_([t for s, at, _ in spans for t in (s.k[i][at:at + r.seg], s.v[i][at:at + r.seg])],
-                             [t for _, _, rows in spans for t in (k_all[rows], v_all[rows])])
-        if compute:  # a call a chunk, at its own start: its split rule sees that chunk's depth only
-            step = self._chunk_rows(r)
-            for state, start, rows in spans:
-                for at in range(rows.start, rows.stop, step):
-                    self._attend_one(q_all[at:at + step], state, i, start + at - rows.start, r.attn[at:at + step])
-
-    def _attend_one(self, q: torch.Tensor, state: ModelState, i: int, start: int, out: torch.Tensor) -> None:
-        cfg, n = self.cfg, q.shape[0]
-        end = start + n
-        if attention.fits(n, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
-            attention.attend(q, state.k[i], state.v[i], start, out)
+    def _read_pass(self, ids: torch.Tensor, states: Sequence[ModelState], seg: int) -> None:
+        """A read's pass (``seg`` rows a session, no logits): one captured graph, its attention
+        reading each grid chunk's start, split rule and KV addresses from the staged table."""
+        if not self.table_reads:
+            self._pass(ids, states, seg, logits=False, seg=seg)
             return
-        keys = state.k[i][:end].permute(1, 0, 2)[None]
-        values = state.v[i][:end].permute(1, 0, 2)[None]
-        if self.model.attention == "lower-right":
-            mask: Any = causal_lower_right(n, end)
+        r = self._rows_for(ids.shape[0], seg, read=True)
+        if len(states) != r.sessions:
+            raise ValueError(f"{r.n} rows are {r.sessions} sessions' passes, got {len(states)} sessions")
+        starts = [s.length for s in states]
+        table: list[int] = []
+        for s in states:
+            s.reserve(s.length + seg)
+        for i in range(self.n_attn):  # a row a chunk, at its own start
+            table += [x for s, start in zip(states, starts, strict=True) for at in range(start, start + seg, self.grid)
+                      for x in attention.table_row(at, self.grid, self.cfg.num_attention_heads, s.k[i], s.v[i])]
+        r.stage(ids, starts, seg, table)
+        if r.whole is not None:
+            r.whole.replay()
         else:
-            keys_at = torch.arange(end, device=self.device)
-            mask = keys_at[None, :] <= torch.arange(start, end, device=self.device)[:, None]
-        o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values, attn_mask=mask,
-                                           scale=cfg.head_dim ** -0.5, enable_gqa=True)
-        out.copy_(o[0].permute(1, 0, 2))
+            self._read_eager(r)
+
+    def _read_eager(self, r: Rows) -> None:
+        """A read's pass as its graph holds it: the pieces, and between them each layer's K and V
+        rows written and attended to through the table."""
+        for j in range(self.n_attn):
+            self._piece(r, j)
+            q, k, v = r.qkv[j]
+            attention.write_rows(k, v, r.table[j])
+            if not (self.read_stops_early and j == self.n_attn - 1):
+                attention.attend_table(q, r.table[j], self._kv_like, r.attn)
+        if not self.read_stops_early:
+            self._piece(r, self.n_attn)
 
     def _pass(self, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool,
               seg: int | None = None) -> torch.Tensor | None:
@@ -352,7 +361,7 @@ class FastForward:
         stop_early = not logits and self.read_stops_early
         for j in range(self.n_attn):
             self._run(r, j)
-            self._attend(r, states, j, starts, compute=not (stop_early and j == self.n_attn - 1))
+            piecewise.attend(self, r, states, j, starts, compute=not (stop_early and j == self.n_attn - 1))
         if stop_early:
             return None
         self._run(r, self.n_attn)
@@ -388,8 +397,7 @@ class FastForward:
             raise ValueError("a session appears twice in one batch")
         for slot, state in enumerate(states):
             self._copy(state, slot, into_slot=True)
-        self._pass(chunks[0][0] if b == 1 else torch.cat([ids for ids, _ in chunks]), states, seg,
-                   logits=False, seg=seg)
+        self._read_pass(chunks[0][0] if b == 1 else torch.cat([ids for ids, _ in chunks]), states, seg)
         for slot, state in enumerate(states):
             self._copy(state, slot, into_slot=False)
             state.length += seg

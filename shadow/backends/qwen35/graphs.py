@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import attention
 from .staging import stacked
 from .state import ModelState
 
@@ -49,9 +50,12 @@ def capture(fast: FastForward) -> None:
         stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(dev))
         # largest first, so the smaller ones fit in what it leaves (the pool is shared)
-        for n, seg in sorted(fast.shapes, reverse=True):
-            r = fast._rows_for(n, seg)
+        for n, seg, read in sorted(fast.shapes, reverse=True):
+            r = fast._rows_for(n, seg, read)
             r.valid.fill_(1)  # the capture's runs write scratch rows only
+            if read:
+                _capture_whole(fast, r, stream)
+                continue
             pieces = fast.pieces(n)
             with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
                 for j in range(pieces):
@@ -70,6 +74,28 @@ def capture(fast: FastForward) -> None:
     torch.cuda.synchronize(dev)
     fast.capture_s = time.perf_counter() - t0
     fast.capture_bytes = torch.cuda.memory_reserved(dev) - reserved_before
+
+
+def _capture_whole(fast: FastForward, r: Any, stream: Any) -> None:
+    """A read's pass as one graph. Its first run (which compiles the kernels and settles the
+    allocator) needs a table that points somewhere: each entry gets grid rows of one scratch
+    buffer, dropped after the capture (a replay reads the table staged for it)."""
+    dev, cfg, entries = fast.device, fast.cfg, r.table_shape[1]
+    scratch = torch.zeros(2, entries * fast.grid, cfg.num_key_value_heads, cfg.head_dim, device=dev,
+                          dtype=fast.model.dtype)
+    rows = []
+    for e in range(entries):
+        k, v = (t[e * fast.grid:(e + 1) * fast.grid] for t in scratch)
+        rows += attention.table_row(0, fast.grid, cfg.num_attention_heads, k, v)
+    r.table.copy_(torch.tensor(rows * fast.n_attn, device=dev).view(r.table_shape))
+    with torch.cuda.stream(stream):
+        fast._read_eager(r)
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=fast.pool, stream=stream):
+        fast._read_eager(r)
+    torch.cuda.synchronize(dev)
+    r.whole = g
 
 
 def clone_state(s: ModelState) -> ModelState:

@@ -3,9 +3,11 @@ captured pieces hand to the eager attention and back, and the captured graphs th
 
 A pass of ``n`` rows holds ``sessions`` sessions of ``seg`` rows each: a fork's pass is one
 session of ``n`` rows, a batched read ``n / grid`` sessions of ``grid`` rows. Its inputs are
-``[ids (n) | start of each session | valid]`` in one device tensor, written by one copy from pinned
-host memory, so they change with no new capture and no fill launches. ``valid`` counts the real
-rows of each session (a fork's padding comes after them; a read has none).
+``[ids (n) | start of each session | valid | table]`` in one device tensor, written by one copy from
+pinned host memory, so they change with no new capture and no fill launches. ``valid`` counts the
+real rows of each session (a fork's padding comes after them; a read has none). A read's pass,
+captured whole, also takes the table its attention reads (``attention.attend_table``): a row per
+attention layer and grid chunk, each chunk's start and split rule and its session's KV addresses.
 """
 
 from __future__ import annotations
@@ -43,12 +45,19 @@ class Rows:
     # fla's solve buffer for this row count, zeroed once (see ``gdn_fla.chunk_rule_in_place``)
     solve: torch.Tensor | None = None
     graphs: list[Any] = field(default_factory=list)  # one per piece, then (forks) the logits graph
+    table_shape: tuple[int, ...] = ()  # (attention layers, entries, fields) of a read's table; () for none
+    whole: Any = None  # a read's pass captured as one graph
 
     @classmethod
-    def make(cls, n: int, seg: int, heads: int, head_dim: int, device: torch.device, dtype: torch.dtype) -> Rows:
+    def make(cls, n: int, seg: int, heads: int, head_dim: int, device: torch.device, dtype: torch.dtype,
+             table_shape: tuple[int, ...] = ()) -> Rows:
         sessions = n // seg
-        rows = cls(n=n, seg=seg, io=torch.zeros(n + sessions + 1, dtype=torch.long, device=device),
-                   attn=torch.zeros(n, heads, head_dim, device=device, dtype=dtype))
+        table = 1
+        for size in table_shape:
+            table *= size
+        rows = cls(n=n, seg=seg, io=torch.zeros(n + sessions + 1 + (table if table_shape else 0), dtype=torch.long,
+                                                device=device),
+                   attn=torch.zeros(n, heads, head_dim, device=device, dtype=dtype), table_shape=table_shape)
         if device.type == "cuda":
             rows.staging = [torch.empty(rows.io.shape[0], dtype=torch.long, pin_memory=True)
                             for _ in range(STAGING_SLOTS)]
@@ -69,20 +78,29 @@ class Rows:
 
     @property
     def valid(self) -> torch.Tensor:
-        return self.io[self.n + self.sessions:]
+        return self.io[self.n + self.sessions:self.n + self.sessions + 1]
+
+    @property
+    def table(self) -> torch.Tensor:
+        return self.io[self.n + self.sessions + 1:].view(self.table_shape)
 
     def nbytes(self) -> int:
         return self.io.numel() * 8 + self.attn.numel() * self.attn.element_size()
 
-    def stage(self, ids: torch.Tensor, starts: Sequence[int], valid: int) -> None:
+    def stage(self, ids: torch.Tensor, starts: Sequence[int], valid: int, table: Sequence[int] = ()) -> None:
         """Queue the copy of a pass's inputs to ``io``: one copy from pinned memory (ids already on
         the device, a decode step's argmax, are copied there apart). A slot is written only once
         the device has taken its previous contents."""
         n, s = self.n, self.sessions
+        if len(table) != self.io.shape[0] - n - s - 1:
+            raise ValueError(f"a pass of {n} rows takes a table of {self.io.shape[0] - n - s - 1} numbers, "
+                             f"got {len(table)}")
         if not self.staging:  # off CUDA: the copy is synchronous
             self.io[:n].copy_(ids)
             self.io[n:n + s] = torch.tensor(list(starts), dtype=torch.long)
             self.io[n + s] = valid
+            if table:
+                self.io[n + s + 1:] = torch.tensor(list(table), dtype=torch.long)
             return
         slot = self.turn % len(self.staging)
         self.turn += 1
@@ -91,6 +109,7 @@ class Rows:
         view = host.numpy()
         view[n:n + s] = starts
         view[n + s] = valid
+        view[n + s + 1:] = table
         if ids.is_cuda:
             self.io[:n].copy_(ids)
             self.io[n:].copy_(host[n:], non_blocking=True)

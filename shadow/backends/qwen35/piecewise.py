@@ -1,0 +1,60 @@
+"""Attention between two captured pieces, eagerly: a fork's passes (questions, decode), and every
+read where our kernel does not serve the grid (then a read runs piecewise too).
+
+Each session's K and V rows are written into its own buffers, and each chunk attends over its own
+session's rows in a call of its own, so that its split rule sees that chunk's depth alone. Passes
+of 16 rows or more take our kernel (``attention.attend``), fewer (decode) torch's flash kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from . import attention
+from .staging import Rows
+from .state import ModelState
+
+if TYPE_CHECKING:
+    from .fast import FastForward
+
+
+def attend(fast: FastForward, r: Rows, states: Sequence[ModelState], i: int, starts: Sequence[int],
+           compute: bool) -> None:
+    """Attention layer ``i`` of pass ``r``: write each session's K and V rows into it, and (if
+    ``compute``) attend, a call a chunk at its own start."""
+    q_all, k_all, v_all = r.qkv[i]
+    spans = [(state, start, slice(b * r.seg, (b + 1) * r.seg))
+             for b, (state, start) in enumerate(zip(states, starts, strict=True))]
+    # every session's K and V rows in one multi-tensor launch, not two copies a session: the
+    # launches between the pieces are host time the device waits for
+    torch._foreach_copy_([t for s, at, _ in spans for t in (s.k[i][at:at + r.seg], s.v[i][at:at + r.seg])],
+                         [t for _, _, rows in spans for t in (k_all[rows], v_all[rows])])
+    if compute:
+        step = fast._chunk_rows(r)
+        for state, start, rows in spans:
+            for at in range(rows.start, rows.stop, step):
+                attend_one(fast, q_all[at:at + step], state, i, start + at - rows.start, r.attn[at:at + step])
+
+
+def attend_one(fast: FastForward, q: torch.Tensor, state: ModelState, i: int, start: int, out: torch.Tensor) -> None:
+    """``out`` = attention of ``q`` (rows from ``start``) over the session's rows of layer ``i``."""
+    cfg, n = fast.cfg, q.shape[0]
+    end = start + n
+    if attention.fits(n, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim):
+        attention.attend(q, state.k[i], state.v[i], start, out)
+        return
+    keys = state.k[i][:end].permute(1, 0, 2)[None]
+    values = state.v[i][:end].permute(1, 0, 2)[None]
+    if fast.model.attention == "lower-right":
+        mask: Any = causal_lower_right(n, end)
+    else:
+        keys_at = torch.arange(end, device=fast.device)
+        mask = keys_at[None, :] <= torch.arange(start, end, device=fast.device)[:, None]
+    o = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys, values, attn_mask=mask,
+                                       scale=cfg.head_dim ** -0.5, enable_gqa=True)
+    out.copy_(o[0].permute(1, 0, 2))
