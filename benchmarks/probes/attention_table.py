@@ -6,7 +6,8 @@ At the 0.8B's attention shape (512 rows, 8 query heads, 2 KV heads, head dim 256
 of B sessions at one depth group (0-2k mixed, 32k, 100k), each session's KV rows in its own
 allocation: ``torch.equal`` between the table's output and the calls', each repeated, and the
 device time of each form (CUDA events around 20 calls, median of 5; a graph of each form too,
-since that is how the fast path runs it), with the K and V rows' write in both forms.
+since that is how the fast path runs it), with the K and V rows' write in both forms; and the table's
+kernel with pointer loads instead of descriptors made on the device (``table_pointers_ms``).
 
     python -m benchmarks.probes.attention_table --out DIR     # DIR/attention_table.json; CUDA only
 """
@@ -79,6 +80,11 @@ def _case(batch: int, depths: list[int], seed: int) -> dict[str, Any]:
         with torch.cuda.graph(g, stream=stream):
             fn()
         graphs[name] = g
+    out_pointers = torch.empty_like(q)
+    attention.attend_table(q, table, like, out_pointers, tma=False)
+    row["table_pointers_equal"] = torch.equal(out_pointers, first)
+    row["table_pointers_ms"] = device_ms_per_call(lambda: attention.attend_table(q, table, like, out_pointers,
+                                                                                 tma=False))
     row["table_graph_ms"] = device_ms_per_call(graphs["table"].replay)
     row["calls_graph_ms"] = device_ms_per_call(graphs["calls"].replay)  # one session's KV at fixed depths only
     graphs["table"].replay()

@@ -301,7 +301,7 @@ def table_row(start: int, n: int, heads: int, keys: torch.Tensor, values: torch.
     return [start, step, triton.cdiv(start + n, step), keys.data_ptr(), values.data_ptr()]
 
 
-def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor) -> None:
+def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, tma: bool = TMA) -> None:
     """``attend`` for every entry of ``table`` (``[E, TABLE_FIELDS]`` on ``q``'s device) in one launch
     and one merge, the grid fixed by the shapes alone, so that it can be captured once and replayed
     at any depths: entry e's queries are rows ``[e * n, (e + 1) * n)`` of ``q`` (``[E * n, H, D]``)
@@ -317,11 +317,12 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     most = most_splits(rows_total, kv)
     part = torch.empty(entries * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(entries * most * kv * rows_total, device=q.device, dtype=torch.float32)
-    _scratch_for_descriptors(q.device)
+    if tma:
+        _scratch_for_descriptors(q.device)
     _attn_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
         q, like, like, like, like, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0),
         like.stride(1), like.stride(0), like.stride(1), out.stride(0), out.stride(1), rows_total, d ** -0.5 * LOG2E,
-        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=TMA, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
+        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
         num_stages=STAGES)
     if most > 1:
         _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, entries)](
