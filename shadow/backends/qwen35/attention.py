@@ -27,6 +27,7 @@ Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -74,7 +75,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
         s = s % max_splits
         row = tab_ptr + e * 5  # (start, split length, splits, K's address, V's address)
         start = tl.load(row).to(tl.int32)
-        split_len = tl.load(row + 1).to(tl.int32)
+        split_len = tl.multiple_of(tl.load(row + 1).to(tl.int32), BN)  # split_len's rule: whole key tiles
         splits = tl.load(row + 2)
         if s >= splits:
             return
@@ -203,6 +204,7 @@ def fits(n: int, heads: int, kv_heads: int, head_dim: int) -> bool:
     return n >= MIN_ROWS and head_dim == triton.next_power_of_2(head_dim) and head_dim <= 256 and heads % kv_heads == 0
 
 
+@functools.lru_cache(maxsize=4096)  # a read's table asks it for every chunk of a pass: host time before the graph
 def split_len(rows_total: int, kv_heads: int, end: int, bm: int = BM, bn: int = BN, min_split: int = MIN_SPLIT,
               target: int | None = None) -> int:
     """Keys per split, a multiple of ``bn``: a function of the shape and the depth only.

@@ -324,7 +324,7 @@ class FastForward:
         table: list[int] = []
         for s in states:
             s.reserve(s.length + seg)
-        for i in range(self.n_attn):  # a row a chunk, at its own start
+        for i in range(self.n_attn):  # a row a chunk, at its own start (host time the device waits for)
             table += [x for s, start in zip(states, starts, strict=True) for at in range(start, start + seg, self.grid)
                       for x in attention.table_row(at, self.grid, self.cfg.num_attention_heads, s.k[i], s.v[i])]
         r.stage(ids, starts, seg, table)
