@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .common import pyplot
+from .common import keep_newest, pyplot
 from .freshness import CostModel, commit, from_rate_file
 from .freshness_sim import Knobs, Policy, SimClock, SimReader, _build, percentile
 from .timelines import SessionTimeline, Skipped, timelines
@@ -405,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sessions": [s.name for s in sessions], "skipped": skipped, "rows": [],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    keep_newest(args.out, (".png",))  # the run before goes to history/ first: this one writes as it goes
     for n in args.agents:
         for text in args.policies:
             run = replay(sessions, parse_policy(text), costs, Knobs2(n, args.minutes, seed=args.seed))
