@@ -45,9 +45,9 @@ each session's chunks in the bits of reading them one pass each: the rows are th
 everything row-wise; the conv takes a chunk's held columns from the rows before it, the very values
 a chunk's state would hold; fla's state kernel carries the recurrent state across the chunks in
 fp32, as the slots carry it between passes (``benchmarks/probes/gdn_span.py``: bit-equal on the
-H200); attention takes each chunk as an entry of its own, at that chunk's own start. Spans are captured and checked
-only for the sizes ``FastForward(spans=...)`` names (none by default: the service does not read
-them yet).
+H200); attention takes each chunk as an entry of its own, at that chunk's own start. Spans are
+captured and checked only for the sizes ``FastForward(spans=...)`` names (the service's ``SPANS``
+setting: 2 to 16 chunks on CUDA, none elsewhere).
 
 Row counts: a read uses ``B * grid`` rows for each batch size B; a fork runs whole ``grid`` passes
 and then one padded pass of the smallest captured size that holds the rest. Padding rows come after
