@@ -289,7 +289,8 @@ def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: to
                                 "fast_report": container.reader().fast_report(), "grid": grid,
                                 "ration": settings.ration, "ration_scope": settings.ration_scope,
                                 "idle_window_s": settings.idle_window_s, "idle_poll_s": settings.idle_poll_s,
-                                "slice_ms": settings.slice_ms, "stream": settings.stream}
+                                "slice_ms": settings.slice_ms, "stream": settings.stream,
+                                "ration_gather": settings.ration_gather, "ration_gather_ms": settings.ration_gather_ms}
 
 
 # ---- the result --------------------------------------------------------------------------------

@@ -187,6 +187,8 @@ class Policy:
     ration_pct: float  # 0: the idle window only
     scope: str = "turn"  # the ration's (RATION_SCOPE): one session at a time, per turn as first designed
     spans: bool = False  # a pass of one session may read several of its chunks (``Reader.read_span``)
+    gather: int = 1  # device-wide: a slice waits for this many chunks pending (RATION_GATHER)
+    gather_ms: float = 0.0  # ... at most this long (RATION_GATHER_MS)
 
     @property
     def name(self) -> str:
@@ -233,6 +235,7 @@ class SessionRun:
 def _build(policy: Policy, knobs: Knobs, reader: SimReader, clock: SimClock, home: str) -> tuple[Any, Any]:
     settings = ShadowSettings(_env_file=None, model="simulated", dir=home, grid=knobs.grid, disk="off",
                               trace="none", profiles="", ration=policy.ration_pct / 100, ration_scope=policy.scope,
+                              ration_gather=policy.gather, ration_gather_ms=policy.gather_ms,
                               slice_ms=knobs.slice_ms, idle_poll_s=knobs.idle_poll_s,
                               idle_window_s=knobs.idle_window_s)
     container = build_container(settings)

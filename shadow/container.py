@@ -181,7 +181,8 @@ def _ration(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Cal
     from shadow.backends.schedulers import RationedScheduler
 
     return RationedScheduler(slot, activity, telemetry, clock, share=settings.ration,
-                             slice_s=settings.slice_ms / 1e3, scope=settings.ration_scope)
+                             slice_s=settings.slice_ms / 1e3, scope=settings.ration_scope,
+                             gather=settings.ration_gather, gather_s=settings.ration_gather_ms / 1e3)
 
 
 def _activity(clock: Callable[[], float]) -> HostActivity:

@@ -108,6 +108,10 @@ class ShadowSettings(BaseSettings):
         "device", description="device: one ration for the device, spent on the turns in flight most behind "
                               "first, then the sessions used last; turn: one per turn, on its own session")
     slice_ms: float = Field(150.0, description="longest ration slice")
+    ration_gather: int = Field(1, ge=1, description="device-wide ration: a slice waits for this many whole chunks "
+                                                    "pending over all sessions (1: reads whatever is pending)")
+    ration_gather_ms: float = Field(0.0, ge=0.0, description="device-wide ration: the longest a slice waits to "
+                                                             "gather RATION_GATHER chunks")
 
     # ---- traces ------------------------------------------------------------------------------
     trace: str = Field("none", description="span exporters, comma-separated: none, console, jsonl, otlp")

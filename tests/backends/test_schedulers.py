@@ -345,3 +345,36 @@ def test_the_idle_window_reads_in_batches_and_each_session_ends_as_a_fresh_prefi
     for i in range(3):
         got, want = sh.export_state(f"s{i}"), sh.fresh_state(sh.session_ids(f"s{i}"))
         assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want), f"s{i}"
+
+
+def test_a_device_wide_slice_gathers_chunks_then_reads_them_in_one_pass_or_reads_when_its_wait_is_over(
+        checkpoint, tmp_path, clock, spans):
+    c, svc = loaded(checkpoint, tmp_path, clock, spans, ration_gather=3, ration_gather_ms=500)
+    c.reader()._eager_batch = 4  # a reader that takes four sessions a pass
+    svc.started("r1", "s", ids(GRID // 2, 1))
+    svc.first_token("r1")
+    clock.advance(10.0)  # the bank fills
+    svc.feed_prompt("a", ids(GRID, 2))
+    assert svc.round_ended("r1", [5]).chunks == 0  # one chunk pending of three: the slice gathers
+    clock.advance(0.3)
+    assert svc.round_ended("r1", [5]).chunks == 0
+    svc.feed_prompt("b", ids(GRID, 3))
+    svc.feed_prompt("c", ids(GRID, 4))
+    assert svc.round_ended("r1", [5]).chunks == 3  # three gathered: one pass of three sessions
+    assert [s.attributes["shadow.chunk.batch"] for s in spans.chunks("ration")] == [3, 3, 3]
+    svc.feed_prompt("d", ids(GRID, 5))
+    assert svc.round_ended("r1", [5]).chunks == 0
+    clock.advance(0.49)
+    assert svc.round_ended("r1", [5]).chunks == 0
+    clock.advance(0.01)  # the longest wait, from the round that first found it pending
+    assert svc.round_ended("r1", [5]).chunks == 1
+    assert {n: svc.status().sessions[n].committed for n in "abcd"} == dict.fromkeys("abcd", GRID)
+
+
+def test_gathering_is_refused_where_it_cannot_mean_anything():
+    from shadow.core.host import HostActivity
+
+    with pytest.raises(ValueError, match="gather"):
+        RationedScheduler(None, HostActivity(), gather=0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gather"):
+        RationedScheduler(None, HostActivity(), gather=2, gather_s=-1.0)  # type: ignore[arg-type]

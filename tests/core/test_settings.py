@@ -58,6 +58,8 @@ SAMPLES = {
     "idle_window_s": ("1.5", 1.5),
     "ration": ("0.03", 0.03),
     "slice_ms": ("100", 100.0),
+    "ration_gather": ("8", 8),
+    "ration_gather_ms": ("250", 250.0),
     "ration_scope": ("turn", "turn"),
     "trace": ("jsonl,console", "jsonl,console"),
     "trace_file": ("/tmp/t.jsonl", "/tmp/t.jsonl"),

@@ -12,6 +12,12 @@
   token, less what the turn used, spent on the turn's own session in order. Its cost adds up over
   concurrent turns (``benchmarks/concurrency.py`` measures both).
 
+Device-wide, a slice may gather (``gather``, ``gather_s``): while fewer than ``gather`` whole chunks
+are pending over every readable session, it reads nothing, for at most ``gather_s`` from the round
+that first found some pending; the bank keeps earning meanwhile. A pass of one chunk costs about
+as much as a pass of several sessions' chunks, and beside an engine's decode step far more
+(``benchmarks/README.md``, "Gathering"), so the share buys more ids in fuller passes.
+
 Either way a slice is at most ``slice_s`` (150 ms), passes start only while their cost, estimated
 from the facade's one table of costs by batch size and depth, still fits, and the device is
 synchronised before the first one, so nothing of the small model runs beside the host's work.
@@ -47,9 +53,12 @@ class RationedScheduler:
 
     def __init__(self, slot: Slot, activity: HostActivity, telemetry: Telemetry | None = None,
                  clock: Clock = time.monotonic, share: float = DEVICE_SHARE, slice_s: float = SLICE_S,
-                 sync: Callable[[], None] | None = None, scope: Scope = "device") -> None:
+                 sync: Callable[[], None] | None = None, scope: Scope = "device", gather: int = 1,
+                 gather_s: float = 0.0) -> None:
         if scope not in ("device", "turn"):
             raise ValueError(f"scope must be device or turn, got {scope!r}")
+        if gather < 1 or gather_s < 0:
+            raise ValueError(f"gather must be at least 1 chunk and gather_s not negative, got {gather} and {gather_s}")
         self.slot = slot
         self.telemetry = telemetry or NullTelemetry()
         self.clock = clock
@@ -58,6 +67,9 @@ class RationedScheduler:
         self.sync = sync  # None: the facade's own (its reader's device)
         self.activity = activity
         self.scope = scope
+        self.gather = gather
+        self.gather_s = gather_s
+        self._gathering_since: float | None = None  # the round that first found too few chunks pending
         self._bank = 0.0  # (device) earned and not spent, at most one slice; negative after an overrun
         self._earned_to = activity.decoding_s()
         self._mu = threading.Lock()  # the bank's
@@ -107,7 +119,8 @@ class RationedScheduler:
         assert turn.session is not None
         budget = self.budget(turn)
         shadow = self.slot.get()
-        if shadow is None or not self.may_read(turn, backlog_of(shadow, turn.session), shadow.grid, budget):
+        if shadow is None or not self.may_read(turn, backlog_of(shadow, turn.session), shadow.grid, budget) \
+                or not self._gathered(shadow):
             self._charge(turn, [], budget)
             return []
         (self.sync or shadow.sync)()
@@ -122,6 +135,24 @@ class RationedScheduler:
             span.set("shadow.ration.spent_ms", spent * 1e3)
             span.set("shadow.ration.chunks", len(chunks))
         return chunks
+
+    def _gathered(self, shadow: Shadow) -> bool:
+        """Whether a device-wide slice reads now: ``gather`` chunks pending, or the oldest wait over."""
+        if self.scope != "device" or self.gather <= 1:
+            return True
+        pending = 0
+        for name in shadow.ready():
+            pending += shadow.backlog(name) // shadow.grid
+            if pending >= self.gather:
+                self._gathering_since = None
+                return True
+        now = self.clock()
+        if self._gathering_since is None:
+            self._gathering_since = now
+        if now - self._gathering_since >= self.gather_s:
+            self._gathering_since = None
+            return True
+        return False
 
     def _read(self, shadow: Shadow, turn: TurnTimeline, budget: float) -> list[ChunkRead]:
         def on_pass(chunks: list[ChunkRead], estimate: float | None, t0: int, t1: int) -> None:
