@@ -182,7 +182,8 @@ def _ration(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Cal
 
     return RationedScheduler(slot, activity, telemetry, clock, share=settings.ration,
                              slice_s=settings.slice_ms / 1e3, scope=settings.ration_scope,
-                             gather=settings.ration_gather, gather_s=settings.ration_gather_ms / 1e3)
+                             gather=settings.ration_gather, gather_s=settings.ration_gather_ms / 1e3,
+                             thread=settings.ration_thread)
 
 
 def _activity(clock: Callable[[], float]) -> HostActivity:

@@ -117,6 +117,8 @@ class ShadowService(HostTurns):
         self.render = render
         self.clock = clock
         self.stats = {"idle": WindowStats(), "ration": WindowStats()}
+        ration.on_read = self.stats["ration"].add  # slices read on the ration's own thread (RATION_THREAD)
+        ration.on_error = self._error
         self.answers: deque[AnswerRecord] = deque(maxlen=keep_answers)
         self.errors: deque[str] = deque(maxlen=8)
         self._mu = threading.RLock()
@@ -134,8 +136,10 @@ class ShadowService(HostTurns):
         self.idle_loop.start()
 
     def stop(self) -> None:
-        """Stop the idle loop, then a planned stop of the facade (it parks resident sessions)."""
+        """Stop the idle loop and the ration's thread, then a planned stop of the facade (it parks
+        resident sessions)."""
         self.idle_loop.stop()
+        self.ration.close()
         shadow = self._settled(None)  # what quiet rounds kept is fed, so it is parked with the rest
         if shadow is not None:
             shadow.close()

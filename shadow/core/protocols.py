@@ -154,9 +154,16 @@ class Ration(Scheduler, Protocol):
     """The scheduler that reads between a request's decode rounds. ``may_read`` is its ``step``'s
     own test, without reading: whether a step now could read a chunk, given a bound on the turn's
     session's backlog (per turn: of that session; device-wide: of it or of any session the device's
-    ration reads, within the device's budget). The service leaves a round quiet when it could not."""
+    ration reads, within the device's budget). The service leaves a round quiet when it could not.
+    A ration that reads on a thread of its own reports what it read through ``on_read`` and its
+    failures through ``on_error`` (the service sets both), and ``close`` ends that thread."""
+
+    on_read: Callable[[list[ChunkRead]], None] | None
+    on_error: Callable[[BaseException], None] | None
 
     def may_read(self, turn: TurnTimeline, backlog: int, grid: int, budget: float | None = None) -> bool: ...
+
+    def close(self, timeout: float = 10.0) -> None: ...
 
 
 class Asker(Protocol):

@@ -112,6 +112,8 @@ class ShadowSettings(BaseSettings):
                                                     "pending over all sessions (1: reads whatever is pending)")
     ration_gather_ms: float = Field(0.0, ge=0.0, description="device-wide ration: the longest a slice waits to "
                                                              "gather RATION_GATHER chunks")
+    ration_thread: bool = Field(False, description="a ration slice reads on a thread of its own: the engine's "
+                                                   "round returns at once (its rounds stay quiet meanwhile)")
 
     # ---- traces ------------------------------------------------------------------------------
     trace: str = Field("none", description="span exporters, comma-separated: none, console, jsonl, otlp")

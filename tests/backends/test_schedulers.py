@@ -378,3 +378,41 @@ def test_gathering_is_refused_where_it_cannot_mean_anything():
         RationedScheduler(None, HostActivity(), gather=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="gather"):
         RationedScheduler(None, HostActivity(), gather=2, gather_s=-1.0)  # type: ignore[arg-type]
+
+
+def test_on_its_own_thread_a_slice_returns_the_round_at_once_and_charges_the_turn_when_it_ends(
+        checkpoint, tmp_path, clock, spans):
+    c, svc = loaded(checkpoint, tmp_path, clock, spans)
+    gate = threading.Event()  # the slice's first step (its sync) waits here, on the ration's thread
+    ration = RationedScheduler(c.slot(), c.activity(), c.telemetry(), clock, sync=gate.wait, thread=True)
+    read: list[ChunkRead] = []
+    ration.on_read = read.extend
+    svc.started("r1", "s", ids(GRID // 2, 1))
+    svc.first_token("r1")
+    clock.advance(10.0)
+    svc.feed_prompt("a", ids(2 * GRID, 2))
+    turn = c.activity().turn("r1")
+    assert ration.may_read(turn, 0, GRID)
+    assert ration.step(turn) == []  # handed over: the call returns while the slice waits
+    assert not ration.may_read(turn, 0, GRID)  # rounds stay quiet while it runs
+    assert ration.step(turn) == []  # and no second slice starts
+    assert svc.status().sessions["a"].committed == 0 and c.activity().turn("r1").spent_s == 0
+    gate.set()
+    wait_until(lambda: len(read) >= 1 and ration.may_read(turn, 0, GRID) == (len(read) < 2), "the slice's end")
+    assert svc.status().sessions["a"].committed == len(read) * GRID
+    assert c.activity().turn("r1").spent_s == pytest.approx(sum(ch.cost_s for ch in read))
+    assert [s.attributes["gen_ai.conversation.id"] for s in spans.chunks("ration")] == ["a"] * len(read)
+    ration.close()
+
+
+def test_a_service_with_the_ration_on_its_thread_counts_what_it_reads_and_stops_it(checkpoint, tmp_path, clock):
+    _, svc = loaded(checkpoint, tmp_path, clock, None, ration_thread=True)
+    svc.started("r1", "s", ids(GRID // 2, 1))
+    svc.first_token("r1")
+    clock.advance(10.0)
+    svc.feed_prompt("a", ids(GRID, 2))
+    assert svc.round_ended("r1", [5]).chunks == 0  # read beside the round, not in it
+    wait_until(lambda: svc.status().windows.ration.chunks == 1, "the ration's thread to read a's chunk")
+    assert svc.status().sessions["a"].committed == GRID
+    svc.stop()
+    assert not any(t.name == "shadow-ration" for t in threading.enumerate())

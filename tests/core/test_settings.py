@@ -60,6 +60,7 @@ SAMPLES = {
     "slice_ms": ("100", 100.0),
     "ration_gather": ("8", 8),
     "ration_gather_ms": ("250", 250.0),
+    "ration_thread": ("true", True),
     "ration_scope": ("turn", "turn"),
     "trace": ("jsonl,console", "jsonl,console"),
     "trace_file": ("/tmp/t.jsonl", "/tmp/t.jsonl"),

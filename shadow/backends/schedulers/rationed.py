@@ -18,6 +18,10 @@ that first found some pending; the bank keeps earning meanwhile. A pass of one c
 as much as a pass of several sessions' chunks, and beside an engine's decode step far more
 (``benchmarks/README.md``, "Gathering"), so the share buys more ids in fuller passes.
 
+With ``thread``, a slice is decided on the round's thread and read on the ration's own thread, so
+the engine's round returns at once; while it reads, rounds stay quiet (``may_read`` says no). The
+turn is charged when the slice ends, if it still runs.
+
 Either way a slice is at most ``slice_s`` (150 ms), passes start only while their cost, estimated
 from the facade's one table of costs by batch size and depth, still fits, and the device is
 synchronised before the first one, so nothing of the small model runs beside the host's work.
@@ -37,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from shadow.core.host import HostActivity, TurnTimeline
+from shadow.core.host import HostActivity, TurnTimeline, UnknownRequest
 from shadow.core.records import ChunkRead
 from shadow.core.scheduling import DEVICE_SHARE, SLICE_S, Clock, NullTelemetry, Telemetry, Window, fits, ration_budget
 from shadow.core.shadow import Shadow
@@ -54,7 +58,7 @@ class RationedScheduler:
     def __init__(self, slot: Slot, activity: HostActivity, telemetry: Telemetry | None = None,
                  clock: Clock = time.monotonic, share: float = DEVICE_SHARE, slice_s: float = SLICE_S,
                  sync: Callable[[], None] | None = None, scope: Scope = "device", gather: int = 1,
-                 gather_s: float = 0.0) -> None:
+                 gather_s: float = 0.0, thread: bool = False) -> None:
         if scope not in ("device", "turn"):
             raise ValueError(f"scope must be device or turn, got {scope!r}")
         if gather < 1 or gather_s < 0:
@@ -70,6 +74,14 @@ class RationedScheduler:
         self.gather = gather
         self.gather_s = gather_s
         self._gathering_since: float | None = None  # the round that first found too few chunks pending
+        self.thread = thread
+        self.on_read: Callable[[list[ChunkRead]], None] | None = None  # the service's count of what slices read
+        self.on_error: Callable[[BaseException], None] | None = None
+        self._wake = threading.Condition()
+        self._job: tuple[TurnTimeline, Shadow, float] | None = None
+        self._busy = False  # a slice handed to the thread and not ended
+        self._closing = False
+        self._worker: threading.Thread | None = None
         self._bank = 0.0  # (device) earned and not spent, at most one slice; negative after an overrun
         self._earned_to = activity.decoding_s()
         self._mu = threading.Lock()  # the bank's
@@ -96,7 +108,7 @@ class RationedScheduler:
         shallowest that could be read), so device-wide it may say yes and the step read nothing
         (another round's slice runs), not the reverse."""
         shadow = self.slot.get()
-        if self.share <= 0 or turn.session is None or shadow is None:
+        if self.share <= 0 or turn.session is None or shadow is None or self._busy:
             return False
         depths = [depth_of(shadow, turn.session)] if backlog >= grid else []
         if self.scope == "device" and (lowest := shadow.lowest_ready_depth()) is not None:
@@ -107,22 +119,36 @@ class RationedScheduler:
 
     def step(self, turn: TurnTimeline | None = None) -> list[ChunkRead]:
         """One slice. Its budget is computed here only and kept on the turn (``budget_s``), so what
-        the service reports is what was enforced."""
+        the service reports is what was enforced. With ``thread`` the slice is decided here and
+        read on the ration's own thread: the call returns at once, with no chunks."""
         if turn is None or turn.session is None or not self._slice.acquire(blocking=False):
             return []
+        handed = False
         try:
-            return self._slice_at(turn)
+            shadow, budget = self._decide(turn)
+            if shadow is None:
+                return []
+            if not self.thread:
+                return self._run(turn, shadow, budget)
+            self._hand(turn, shadow, budget)
+            handed = True
+            return []
         finally:
-            self._slice.release()
+            if not handed:
+                self._slice.release()
 
-    def _slice_at(self, turn: TurnTimeline) -> list[ChunkRead]:
+    def _decide(self, turn: TurnTimeline) -> tuple[Shadow | None, float]:
+        """The slice's budget, and the facade if the slice reads (else the turn is charged nothing)."""
         assert turn.session is not None
         budget = self.budget(turn)
         shadow = self.slot.get()
         if shadow is None or not self.may_read(turn, backlog_of(shadow, turn.session), shadow.grid, budget) \
                 or not self._gathered(shadow):
             self._charge(turn, [], budget)
-            return []
+            return None, budget
+        return shadow, budget
+
+    def _run(self, turn: TurnTimeline, shadow: Shadow, budget: float) -> list[ChunkRead]:
         (self.sync or shadow.sync)()
         attrs = {"shadow.window": "ration", "shadow.ration.scope": self.scope,
                  "gen_ai.conversation.id": turn.session, "shadow.request.id": turn.request_id,
@@ -135,6 +161,47 @@ class RationedScheduler:
             span.set("shadow.ration.spent_ms", spent * 1e3)
             span.set("shadow.ration.chunks", len(chunks))
         return chunks
+
+    # ---- the ration's own thread (``thread``) ------------------------------------------------------
+
+    def _hand(self, turn: TurnTimeline, shadow: Shadow, budget: float) -> None:
+        with self._wake:
+            if self._closing:
+                raise RuntimeError("the ration is closed")
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="shadow-ration", daemon=True)
+                self._worker.start()
+            self._job = (turn, shadow, budget)
+            self._busy = True
+            self._wake.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._wake:
+                while self._job is None and not self._closing:
+                    self._wake.wait()
+                if self._job is None:
+                    return
+                job, self._job = self._job, None
+            try:
+                chunks = self._run(*job)
+                if self.on_read is not None:
+                    self.on_read(chunks)
+            except Exception as err:  # the thread outlives one bad slice; the error goes to status
+                if self.on_error is not None:
+                    self.on_error(err)
+            finally:
+                self._busy = False
+                self._slice.release()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Let a slice in flight end, then stop the ration's thread (if it ever started)."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+            worker = self._worker
+        if worker is not None:
+            worker.join(timeout)
 
     def _gathered(self, shadow: Shadow) -> bool:
         """Whether a device-wide slice reads now: ``gather`` chunks pending, or the oldest wait over."""
@@ -171,9 +238,14 @@ class RationedScheduler:
         return shadow.read(first=self.activity.sessions_in_flight(), budget_s=budget, on_pass=on_pass, whole=True)
 
     def _charge(self, turn: TurnTimeline, chunks: list[ChunkRead], budget: float) -> float:
-        """The slice's cost: off the device's bank, onto the turn whose round it ran at."""
+        """The slice's cost: off the device's bank, onto the turn whose round it ran at (on the
+        ration's thread that turn may have ended meanwhile: then the bank alone pays)."""
         spent = sum(c.cost_s for c in chunks)
         with self._mu:
             self._bank -= spent
-        self.activity.record_ration(turn.request_id, spent, len(chunks), budget)
+        try:
+            self.activity.record_ration(turn.request_id, spent, len(chunks), budget)
+        except UnknownRequest:
+            if not self.thread:
+                raise
         return spent
