@@ -290,7 +290,8 @@ def build_service(home: Path, shadow_shape: str, device: torch.device, dtype: to
                                 "ration": settings.ration, "ration_scope": settings.ration_scope,
                                 "idle_window_s": settings.idle_window_s, "idle_poll_s": settings.idle_poll_s,
                                 "slice_ms": settings.slice_ms, "stream": settings.stream,
-                                "ration_gather": settings.ration_gather, "ration_gather_ms": settings.ration_gather_ms}
+                                "ration_gather": settings.ration_gather, "ration_gather_ms": settings.ration_gather_ms,
+                                "ration_thread": settings.ration_thread}
 
 
 # ---- the result --------------------------------------------------------------------------------
