@@ -175,8 +175,10 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_settings(checkpoint: Path | str, home: Path, **kw: Any) -> ShadowSettings:
     # A long idle window: a test that counts the chunks of one window must not depend on the machine's
     # speed (a busy CI box reads a chunk in seconds); the window's own bound has a test of its own.
+    # The ration in the round and at once (RATION_THREAD off, RATION_GATHER 1): tests count what a
+    # round reads; the thread and the gathering have tests of their own.
     values: dict[str, Any] = dict(model=str(checkpoint), device="cpu", dtype="float32", grid=GRID, disk="off",
-                                  dir=str(home), idle_window_s=60.0)
+                                  dir=str(home), idle_window_s=60.0, ration_thread=False, ration_gather=1)
     values.update(kw)
     return ShadowSettings(_env_file=None, **values)
 

@@ -108,11 +108,11 @@ class ShadowSettings(BaseSettings):
         "device", description="device: one ration for the device, spent on the turns in flight most behind "
                               "first, then the sessions used last; turn: one per turn, on its own session")
     slice_ms: float = Field(150.0, description="longest ration slice")
-    ration_gather: int = Field(1, ge=1, description="device-wide ration: a slice waits for this many whole chunks "
+    ration_gather: int = Field(8, ge=1, description="device-wide ration: a slice waits for this many whole chunks "
                                                     "pending over all sessions (1: reads whatever is pending)")
-    ration_gather_ms: float = Field(0.0, ge=0.0, description="device-wide ration: the longest a slice waits to "
+    ration_gather_ms: float = Field(1000.0, ge=0.0, description="device-wide ration: the longest a slice waits to "
                                                              "gather RATION_GATHER chunks")
-    ration_thread: bool = Field(False, description="a ration slice reads on a thread of its own: the engine's "
+    ration_thread: bool = Field(True, description="a ration slice reads on a thread of its own: the engine's "
                                                    "round returns at once (its rounds stay quiet meanwhile)")
 
     # ---- traces ------------------------------------------------------------------------------
