@@ -236,7 +236,7 @@ def _build(policy: Policy, knobs: Knobs, reader: SimReader, clock: SimClock, hom
     settings = ShadowSettings(_env_file=None, model="simulated", dir=home, grid=knobs.grid, disk="off",
                               trace="none", profiles="", ration=policy.ration_pct / 100, ration_scope=policy.scope,
                               ration_gather=policy.gather, ration_gather_ms=policy.gather_ms,
-                              ration_thread=False,  # a slice reads in the round here: the simulated clock is one thread's
+                              ration_thread=False,  # slices read in the round: the simulated clock is one thread's
                               slice_ms=knobs.slice_ms, idle_poll_s=knobs.idle_poll_s,
                               idle_window_s=knobs.idle_window_s)
     container = build_container(settings)
