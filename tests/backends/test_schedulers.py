@@ -416,3 +416,24 @@ def test_a_service_with_the_ration_on_its_thread_counts_what_it_reads_and_stops_
     assert svc.status().sessions["a"].committed == GRID
     svc.stop()
     assert not any(t.name == "shadow-ration" for t in threading.enumerate())
+
+
+def test_on_its_own_thread_a_slice_stops_after_the_pass_in_flight_when_a_request_waits(
+        checkpoint, tmp_path, clock, spans):
+    c, svc = loaded(checkpoint, tmp_path, clock, spans)
+    gate = threading.Event()
+    ration = RationedScheduler(c.slot(), c.activity(), c.telemetry(), clock, sync=gate.wait, thread=True)
+    svc.started("r1", "s", ids(GRID // 2, 1))
+    svc.first_token("r1")
+    clock.advance(10.0)
+    svc.feed_prompt("a", ids(3 * GRID, 2))
+    turn = c.activity().turn("r1")
+    assert ration.step(turn) == []
+    svc.arrived("r2")  # a request waits before the slice's first pass
+    gate.set()
+    wait_until(lambda: ration.may_read(turn, 0, GRID), "the slice's end")
+    assert svc.status().sessions["a"].committed == 0 and spans.chunks("ration") == []
+    svc.started("r2", "t", ids(GRID // 2, 3))  # it starts: the next slice reads
+    assert ration.step(turn) == []
+    wait_until(lambda: svc.status().sessions["a"].committed > 0, "the next slice to read")
+    ration.close()

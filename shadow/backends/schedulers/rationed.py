@@ -19,8 +19,9 @@ as much as a pass of several sessions' chunks, and beside an engine's decode ste
 (``benchmarks/README.md``, "Gathering"), so the share buys more ids in fuller passes.
 
 With ``thread``, a slice is decided on the round's thread and read on the ration's own thread, so
-the engine's round returns at once; while it reads, rounds stay quiet (``may_read`` says no). The
-turn is charged when the slice ends, if it still runs.
+the engine's round returns at once; while it reads, rounds stay quiet (``may_read`` says no), and
+it stops after the pass in flight when a request waits (``arrived``, not started). The turn is
+charged when the slice ends, if it still runs.
 
 Either way a slice is at most ``slice_s`` (150 ms), passes start only while their cost, estimated
 from the facade's one table of costs by batch size and depth, still fits, and the device is
@@ -235,7 +236,11 @@ class RationedScheduler:
         if self.scope == "turn":
             return shadow.read(turn.session, budget_s=budget, on_pass=on_pass)
         # whole passes: with many sessions ready the share buys more ids in batches than read alone
-        return shadow.read(first=self.activity.sessions_in_flight(), budget_s=budget, on_pass=on_pass, whole=True)
+        # on its own thread a slice holds the facade between the host's calls: it stops after the pass
+        # in flight when a request waits (arrived, not started), as the idle window does
+        stop = (lambda: self.activity.waiting() > 0) if self.thread else None
+        return shadow.read(first=self.activity.sessions_in_flight(), budget_s=budget, on_pass=on_pass, whole=True,
+                           stop=stop)
 
     def _charge(self, turn: TurnTimeline, chunks: list[ChunkRead], budget: float) -> float:
         """The slice's cost: off the device's bank, onto the turn whose round it ran at (on the
