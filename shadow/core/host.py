@@ -17,7 +17,8 @@ What the words mean (docs/architecture.md, promise 6):
   start: counting from the start let a 17 s prefill earn a ration that was then spent inside the
   decode.
 - A **round**: one of the host's decode steps. ``round_ended`` is called between two rounds on
-  the request's thread; that is where the rationed scheduler reads.
+  the request's thread; that is where the rationed scheduler decides a slice (read there, or on
+  its own thread: ``RATION_THREAD``).
 
 The locks:
 

@@ -6,8 +6,8 @@ Two windows (docs/architecture.md, promise 6):
 
 - ``idle``: no request runs or waits and no hold is on; reads at most ``idle_window_s`` and checks
   before every pass whether a request waits, so a request waits at most one pass.
-- ``ration``: between two of the host's decode rounds, on the request's thread: device-wide, at
-  most ``share`` of the time during which any followed request decodes (per turn, the first
+- ``ration``: decided between two of the host's decode rounds (read there or on its own thread):
+  device-wide, at most ``share`` of the time during which any followed request decodes (per turn, the first
   design: of the time since the turn's first token), less what was used, in slices of at most
   ``slice_s``, whole passes only, each pass's cost estimated from the facade's table of costs by
   batch size and depth (``shadow.core.costs``).

@@ -1,4 +1,4 @@
-"""The ration: between two of the host's decode rounds, on the request's thread.
+"""The ration: decided between two of the host's decode rounds, read there or on its own thread.
 
 ``step(turn)`` is one slice, at one of ``turn``'s rounds. Two scopes (``RATION_SCOPE``):
 
