@@ -79,10 +79,11 @@ def replay_timeline(host: Host, session: str, turns: Sequence[Turn], grid: int, 
             wait_until(start + ttft_share * dur + (k + 1) * step)
             r = host.round_ended(rid, piece)
             rep.rounds += 1
-            rep.ration_chunks += r.chunks
-            rep.ration_spent_ms += r.spent_ms
             rep.rounds_detail.append(asdict(r))
         rep.turn = host.finished(rid)
+        # the turn's own account: a slice read on the ration's thread is charged to it when it ends,
+        # not in the round that decided it
+        rep.ration_chunks, rep.ration_spent_ms = rep.turn.chunks, rep.turn.spent_s * 1e3
         reports.append(rep)
     return reports
 
