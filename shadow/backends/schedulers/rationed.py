@@ -14,9 +14,11 @@
 
 Device-wide, a slice may gather (``gather``, ``gather_s``): while fewer than ``gather`` whole chunks
 are pending over every readable session, it reads nothing, for at most ``gather_s`` from the round
-that first found some pending; the bank keeps earning meanwhile. A pass of one chunk costs about
-as much as a pass of several sessions' chunks, and beside an engine's decode step far more
-(``benchmarks/README.md``, "Gathering"), so the share buys more ids in fuller passes.
+that first found some pending; the bank keeps earning meanwhile. A chunk read alone costs more
+than one in a fuller pass (2.74 ms against 1.66 at eight sessions a pass, 0-2k, H200), and beside
+an engine's decode step far more (``benchmarks/README.md``, "Gathering"), so the share buys more
+ids in fuller passes. Gathering pays only on the ration's own thread: in the round, the engine
+waits for the longer slices.
 
 With ``thread``, a slice is decided on the round's thread and read on the ration's own thread, so
 the engine's round returns at once; while it reads, rounds stay quiet (``may_read`` says no), and
@@ -24,10 +26,9 @@ it stops after the pass in flight when a request waits (``arrived``, not started
 charged when the slice ends, if it still runs.
 
 Either way a slice is at most ``slice_s`` (150 ms), passes start only while their cost, estimated
-from the facade's one table of costs by batch size and depth, still fits, and the device is
-synchronised before the first one, so nothing of the small model runs beside the host's work.
-Spent time is the measured device time of the passes; the turn at whose round a slice ran is
-charged with it (``HostActivity.record_ration``).
+from the facade's one table of costs by batch size and depth, still fits, and the reader's work
+queued before is waited for first. Spent time is the measured device time of the passes; the turn
+at whose round a slice was decided is charged with it (``HostActivity.record_ration``).
 
 Bounds: a slice spends at most its budget plus one pass's estimation error (the very first pass,
 with no cost measured yet, is read on any positive budget). Per turn: ``share`` of the time since
