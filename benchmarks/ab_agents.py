@@ -199,16 +199,15 @@ def serve_agents(dec: BatchDecoder, host: Any, sessions: Sequence[tuple[str, lis
         return got
 
     def round_ended(a: Agent, new: int) -> None:
-        got = call(a.rid, lambda: host.round_ended(a.rid, [new]))
-        a.timing["ration_ms"] += got.spent_ms
-        a.timing["chunks"] += got.chunks
+        call(a.rid, lambda: host.round_ended(a.rid, [new]))
 
     def finish(a: Agent) -> None:
         prompt, output = a.turns[a.next_turn]
         if host is not None:
             if overlap:
                 round_ended(a, output[-1])
-            host.finished(a.rid)
+            done_turn = host.finished(a.rid)
+            a.timing["ration_ms"], a.timing["chunks"] = done_turn.spent_s * 1e3, done_turn.chunks  # its account
         t = a.timing
         end, end_ns = time.perf_counter(), time.time_ns()
         done.append(TurnTiming(a.rid, a.name, len(prompt), len(output), t["ttft_s"], end - t["first"],

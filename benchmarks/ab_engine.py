@@ -161,7 +161,7 @@ class TurnTiming:
     decode_tokens: int  # tokens after the first (one step each)
     calls_s: float = 0.0  # time inside the host's calls during the decode
     start_calls_s: float = 0.0  # time inside ``arrived`` and ``started`` (part of the TTFT)
-    ration_ms: float = 0.0  # what ``round_ended`` said the ration read (chunks' measured cost)
+    ration_ms: float = 0.0  # what the turn's account says the ration read (chunks' measured cost)
     ration_chunks: int = 0
     decode_start_ns: int = 0
     decode_end_ns: int = 0
@@ -194,13 +194,11 @@ def serve_turn(main: MainModel, host: Host | None, request_id: str, session: str
     chunks = 0
 
     def round_ended(new: int) -> None:
-        nonlocal calls_s, ration_ms, chunks
+        nonlocal calls_s
         t0 = time.perf_counter()
         assert host is not None
-        got = host.round_ended(request_id, [new])
+        host.round_ended(request_id, [new])
         calls_s += time.perf_counter() - t0
-        ration_ms += got.spent_ms
-        chunks += got.chunks
 
     if host is not None:
         t0 = time.perf_counter()
@@ -225,8 +223,11 @@ def serve_turn(main: MainModel, host: Host | None, request_id: str, session: str
     end_ns = time.time_ns()
     if host is not None:
         calls.append(f"round_ended x{len(output)}")
-        host.finished(request_id)
+        done = host.finished(request_id)
         calls.append("finished")
+        # the turn's own account: a slice read on the ration's thread is charged to it when it
+        # ends, not in the round that decided it (a slice that ends after the turn, only in spans)
+        ration_ms, chunks = done.spent_s * 1e3, done.chunks
     main.finish()
     return TurnTiming(request_id, session, len(prompt), len(output), t_first - t_arr, t_end - t_first,
                       len(output) - 1, calls_s, t_fed - t_arr, ration_ms, chunks, first_ns, end_ns, calls)

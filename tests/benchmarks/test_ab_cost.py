@@ -161,7 +161,10 @@ def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path
         container.shutdown_resources()
 
 
-def test_the_cpu_smoke_run_writes_the_paired_result(shared_data: Path, tmp_path: Path, capsys) -> None:
+def test_the_cpu_smoke_run_writes_the_paired_result(shared_data: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    # the ration in the round: every slice ends inside its turn, so the turns' accounts and the spans
+    # must agree to the chunk (on its own thread, a slice that ends after its turn is in spans only)
+    monkeypatch.setenv("QWEN38_SHADOW_RATION_THREAD", "false")
     code = main(["--out", str(tmp_path), "--main-shape", "tiny", "--smoke", "--raw",
                  str(shared_data / "sessions" / "raw"), "--sessions", SESSION, "--max-output", "12"])
     out = capsys.readouterr().out
