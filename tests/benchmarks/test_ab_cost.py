@@ -100,7 +100,8 @@ class Recorder:
     def __init__(self, service: Any) -> None:
         self.service = service
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        self.spent_ms = 0.0
+        self.spent_ms = 0.0  # what the rounds' results said the ration read
+        self.account: Any = None  # the turn's own account, as ``finished`` gave it
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self.service, name)
@@ -110,6 +111,8 @@ class Recorder:
             got = target(*args, **kw)
             if name == "round_ended":
                 self.spent_ms += got.spent_ms
+            elif name == "finished":
+                self.account = got
             return got
         return call
 
@@ -121,10 +124,15 @@ def real_turns(shared_data: Path) -> list[tuple[list[int], list[int]]]:
     return served[0].turns
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path, overlap: bool) -> None:
+@pytest.mark.parametrize(("overlap", "thread"), [(False, False), (True, True)],
+                         ids=["blocking-ration-in-round", "overlapped-ration-thread"])
+def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path, overlap: bool, thread: bool,
+                                                      monkeypatch) -> None:
     """Blocking or overlapped (each round reported while the next step runs): the same calls, the
-    same ids in the same order, and the shadow holds what was served."""
+    same ids in the same order, and the shadow holds what was served. The turn's ration is the
+    turn's own account; read in the round, the rounds' results add up to it, and read on the
+    ration's thread, a round only decides (its result carries no time)."""
+    monkeypatch.setenv("QWEN38_SHADOW_RATION_THREAD", "true" if thread else "false")
     main_model, info = build_main("tiny", CPU, torch.float32, 512, fast=False)
     assert info["path"] == "eager" and info["capture_s"] == 0.0
     container, service, _ = build_service(tmp_path, "tiny", CPU, torch.float32, 512, 0.02, tmp_path / "t.jsonl")
@@ -144,7 +152,12 @@ def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path
             assert t.calls == ["arrived", "started", "first_token", f"round_ended x{len(output)}", "finished"]
             assert t.decode_tokens == len(output) - 1 and t.output_ids == len(output) == 8
             assert 0 < t.start_calls_s < t.ttft_s and 0 < t.calls_s < t.decode_s
-            assert t.ration_ms == pytest.approx(host.spent_ms)
+            assert t.ration_ms == pytest.approx(host.account.spent_s * 1e3)
+            assert t.ration_chunks == host.account.chunks
+            if thread:
+                assert host.spent_ms == 0.0
+            else:
+                assert t.ration_ms == pytest.approx(host.spent_ms)
             assert t.decode_start_ns < t.decode_end_ns
             assert main_model.state.length == 0  # the sequence is ended; the next prefill starts afresh
             # the shadow holds exactly what the host served: what the new prompt keeps, then the outputs
