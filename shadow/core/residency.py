@@ -7,8 +7,9 @@ comes back on its next use; its file stays until a newer park replaces it or it 
 crash costs the reading since the last park, never the session. A dropped session waits for its
 next use (fed, asked, read by name) before the background reads it again: over the cap with no
 disk, reading one session must not drop another only to read that one again, without end. One
-re-entrant lock serialises every call, so the session a call uses is never evicted under it; a
-session larger than the cap is resident while in use and parked as soon as the use ends.
+re-entrant lock serialises every call, so the session a call uses is never evicted under it; it
+counts the threads waiting for it, so a background read can step aside (``Shadow.read``'s
+``yields``). A session larger than the cap is resident while in use and parked as soon as the use ends.
 Torch-free: the tensors are the stores' and the reader's.
 
 Every byte held for a session is counted or bounded. A parked session keeps its position here
@@ -57,6 +58,46 @@ class _Entry:
     last_used: float = 0.0  # for forgetting the least recently used (parked ones have no book here)
 
 
+class WaitedLock:
+    """A re-entrant lock that knows how many other threads wait for it.
+
+    What lets a background read holding the facade stop after its pass in flight, however a caller
+    reached the facade (a request announced or not, a question, a status look): without the count,
+    a caller that came in between two of a slice's passes waited for the whole slice."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._count = threading.Lock()
+        self._waiting = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(blocking=False):  # free, or already this thread's: nobody waits
+            return True
+        if not blocking:
+            return False
+        with self._count:
+            self._waiting += 1
+        try:
+            return self._lock.acquire(True, timeout)
+        finally:
+            with self._count:
+                self._waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    @property
+    def waiting(self) -> int:
+        """Threads blocked in ``acquire`` now (a snapshot: one may arrive or leave right after)."""
+        return self._waiting
+
+
 class Residency:
     def __init__(self, grid: int, new_tensors: Callable[[], Any], clock: Callable[[], float], *,
                  memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
@@ -73,7 +114,7 @@ class Residency:
         self.last_forgotten = ""  # the last one, and why
         self.park_failures = 0
         self.last_store_error = ""
-        self.lock = threading.RLock()
+        self.lock = WaitedLock()
         # called with a session's name once it is forgotten, however (a DELETE, the cap, MAX_SESSIONS):
         # what others keep per session (a chunk's cost, a profile) goes with it
         self.on_forget: list[Callable[[str], None]] = []

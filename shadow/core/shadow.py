@@ -194,7 +194,7 @@ class Shadow:
 
     def read(self, session: str | None = None, budget_s: float | None = None, max_chunks: int | None = None, *,
              first: Sequence[str] = (), stop: Callable[[], bool] | None = None, on_pass: OnPass | None = None,
-             first_pass_free: bool = False, whole: bool = False) -> list[ChunkRead]:
+             first_pass_free: bool = False, whole: bool = False, yields: bool = False) -> list[ChunkRead]:
         """Read whole chunks now, in passes of up to ``reader.max_batch`` sessions (one chunk each):
         of ``session`` alone (a use), or of every session with a whole chunk pending but those
         dropped and not used since: those of ``first`` (uses: the turns in flight) nearest to fresh
@@ -202,15 +202,17 @@ class Shadow:
         still fits ``budget_s`` (the first pass, with ``first_pass_free``, always) and ``stop()`` is
         false; with ``whole`` a pass takes the line's whole head (up to ``max_batch``) or waits for the
         budget to cover it, rather than reading fewer sessions now (a batch costs less per session:
-        the device-wide ration's way to spend its share on throughput); ``on_pass(chunks, estimate,
-        start_ns, end_ns)`` follows each pass. This is the loop:
+        the device-wide ration's way to spend its share on throughput); with ``yields`` (a background
+        read) it also stops once another caller waits for the facade, so that caller waits at most
+        the pass in flight, not the slice; ``on_pass(chunks, estimate, start_ns, end_ns)`` follows
+        each pass. This is the loop:
         the schedulers give it a budget and the sessions to favour, and do not repeat it."""
         spent, done = 0.0, list[ChunkRead]()
         with self._lock:
             if session is not None:
                 self.residency.check(session)
             uses = {session} if session is not None else set(first)
-            while stop is None or not stop():
+            while (stop is None or not stop()) and not (yields and self._lock.waiting):
                 most = self.reader.max_batch if max_chunks is None else min(self.reader.max_batch,
                                                                             max_chunks - len(done))
                 line = self._line(session, first)[:max(0, most)]

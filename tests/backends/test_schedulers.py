@@ -56,6 +56,27 @@ class ArriveAfter:
         self.inner.observe(name, value, labels)
 
 
+class CallAfterPass(ArriveAfter):
+    """Telemetry that, once a pass's chunk is told (on the reading thread, the facade held), starts
+    ``call`` on a thread of its own and returns once that call waits for the facade: a caller
+    coming mid-read, however it reaches the facade."""
+
+    def __init__(self, inner: SpanTelemetry, call: Any = None) -> None:
+        super().__init__(inner, k=0)
+        self.call, self.lock, self.caller = call, None, None
+        self.passes: set[int] = set()
+
+    def chunk(self, window: Window, chunk: ChunkRead, backlog_after: int, start_ns: int, end_ns: int,
+              attributes: Mapping[str, Any] | None = None) -> None:
+        self.inner.chunk(window, chunk, backlog_after, start_ns, end_ns, attributes)
+        self.passes.add(start_ns)
+        if self.call is not None and self.caller is None:
+            lock = self.lock
+            self.caller = threading.Thread(target=self.call)
+            self.caller.start()
+            wait_until(lambda: lock.waiting == 1, "the caller to wait for the facade")
+
+
 # ---- the slot --------------------------------------------------------------------------------------
 
 def test_model_loads_in_an_idle_window_soon_after_start_not_on_a_request(checkpoint, tmp_path, clock):
@@ -93,6 +114,25 @@ def test_narrator_model_shares_one_slot_and_one_copy(checkpoint, tmp_path, clock
 
 
 # ---- the idle window -------------------------------------------------------------------------------
+
+def test_a_call_coming_during_an_idle_window_waits_for_the_pass_in_flight_not_the_window(
+        checkpoint, tmp_path, clock, spans):
+    """A call that is no request (a question, a status look, a session fed by name) does not shut
+    the window; it waits for the pass in flight, and the window ends there."""
+    c = make_container(make_settings(checkpoint, tmp_path), clock, spans)
+    told = CallAfterPass(SpanTelemetry(spans.provider))
+    c.telemetry.override(providers.Object(told))
+    svc = c.service()
+    svc.idle_step()
+    svc.feed_prompt("s", ids(20 * GRID))
+    told.lock = c.slot().get().residency.lock
+    fed: list[Any] = []
+    told.call = lambda: fed.append(svc.feed_prompt("t", ids(2 * GRID, 4)))
+    read = svc.idle_step()
+    joined(told.caller, "the call")
+    assert len(told.passes) == 1 and 1 <= len(read) < 20 and fed[0].followed
+    assert svc.idle_step() != []  # nothing shuts the window: the next one reads on
+
 
 def test_a_request_arriving_during_an_idle_read_waits_at_most_one_chunk(checkpoint, tmp_path, clock, spans):
     c = make_container(make_settings(checkpoint, tmp_path), clock, spans)
@@ -436,4 +476,35 @@ def test_on_its_own_thread_a_slice_stops_after_the_pass_in_flight_when_a_request
     svc.started("r2", "t", ids(GRID // 2, 3))  # it starts: the next slice reads
     assert ration.step(turn) == []
     wait_until(lambda: svc.status().sessions["a"].committed > 0, "the next slice to read")
+    ration.close()
+
+
+def test_on_its_own_thread_a_slice_stops_after_the_pass_in_flight_when_any_call_waits_for_the_facade(
+        checkpoint, tmp_path, clock, spans):
+    """A request started without being announced (no ``arrived``: nothing counts it as waiting)
+    waits for the slice's pass in flight, not the rest of the slice; what it left unread stays
+    pending for the next slice."""
+    c = make_container(make_settings(checkpoint, tmp_path), clock, spans)
+    told = CallAfterPass(SpanTelemetry(spans.provider))
+    c.telemetry.override(providers.Object(told))
+    svc = c.service()
+    assert svc.idle_step() == [] and c.slot().state == "loaded"
+    ration = RationedScheduler(c.slot(), c.activity(), told, clock, thread=True)
+    svc.started("r1", "s", ids(GRID // 2, 1))
+    svc.first_token("r1")
+    clock.advance(1000.0)  # a budget for far more than one pass (the slice's 150 ms bound applies)
+    for k, name in enumerate("abcdef"):
+        svc.feed_prompt(name, ids(3 * GRID, 10 + k))
+    shadow = c.slot().get()
+    told.lock = shadow.residency.lock
+    started: list[Any] = []
+    told.call = lambda: started.append(svc.started("r2", "t", ids(GRID // 2, 3)))
+    slices: list[list[ChunkRead]] = []
+    ration.on_read = slices.append
+    turn = c.activity().turn("r1")
+    assert ration.step(turn) == []
+    wait_until(lambda: bool(started) and bool(slices), "the request to start and the slice to end")
+    read = sum(svc.status().sessions[n].committed for n in "abcdef") // GRID
+    assert len(told.passes) == 1 and 1 <= len(slices[0]) == read < 18  # one pass, then it stepped aside
+    assert started[0][1].followed
     ration.close()

@@ -4,6 +4,7 @@ costs what the test says (by batch size and depth), so nothing depends on this m
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ from shadow.core.costs import ChunkCosts, fits
 from shadow.core.host import HostActivity
 from shadow.core.session import SessionBook
 from shadow.core.shadow import Shadow
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, wait_until
 from tests.core.test_residency import Memory, Tensors
 
 GRID = 64
@@ -236,3 +237,44 @@ def test_a_pass_of_one_session_reads_its_chunks_in_the_largest_span_that_fits() 
 
     fed(sh, clock, {"a": 2, "b": 2})  # two sessions behind: batches of one chunk each
     assert [(c.batch, c.span) for c in sh.read()] == [(2, 1)] * 4
+
+
+class GatedReader(CostedReader):
+    """A pass that waits for ``go`` once it has begun (``began``): another thread can come to the
+    facade while a pass is in flight."""
+
+    def __init__(self) -> None:
+        super().__init__(max_batch=1)
+        self.began, self.go = threading.Event(), threading.Event()
+
+    def read_chunks(self, batch: Sequence[tuple[SessionBook, Any]]) -> float:
+        self.began.set()
+        assert self.go.wait(10.0)
+        return super().read_chunks(batch)
+
+
+@pytest.mark.parametrize("yields", [True, False])
+def test_a_read_that_yields_stops_after_the_pass_in_flight_once_another_caller_waits(yields: bool) -> None:
+    """A background read holds the facade across its passes; with ``yields`` a caller that comes
+    mid-pass (here a look at the backlogs, as a status page or a question would) waits for that
+    pass only, and the read ends there; without it the caller waits for the whole read."""
+    clock = FakeClock()
+    reader = GatedReader()
+    sh = facade(reader, clock)
+    fed(sh, clock, {"a": 2, "b": 2, "c": 2})
+    got: list[list[Any]] = []
+    background = threading.Thread(target=lambda: got.append(sh.read(yields=yields)))
+    background.start()
+    assert reader.began.wait(10.0)
+    seen: list[dict[str, int]] = []
+    caller = threading.Thread(target=lambda: seen.append(sh.backlogs()))
+    caller.start()
+    wait_until(lambda: sh.residency.lock.waiting == 1, "the caller to wait for the facade")
+    reader.go.set()
+    caller.join(10.0)
+    background.join(10.0)
+    assert not caller.is_alive() and not background.is_alive()
+    read = len(got[0])
+    assert read == (1 if yields else 6) == len(reader.passes)
+    assert sum(seen[0].values()) == (6 - read) * GRID  # what the caller saw is what was left then
+    assert sh.residency.lock.waiting == 0

@@ -5,15 +5,17 @@ byte count. (Parking real tensors on a real disk is tested in tests/backends/tes
 from __future__ import annotations
 
 import copy
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 
 from shadow.core.errors import BadInput, StoreError, UnknownSession
 from shadow.core.protocols import Stored
-from shadow.core.residency import Residency
+from shadow.core.residency import Residency, WaitedLock
 from shadow.core.session import Position, SessionBook
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, wait_until
 
 GRID = 64
 
@@ -322,3 +324,29 @@ def test_whoever_keeps_something_per_session_hears_of_every_forget():
         feed(r, name, 10)  # c makes three: a, the least recently used, goes
     r.forget("b")  # a DELETE
     assert heard == ["a", "b"] and r.names() == ["c"]
+
+
+def test_the_facade_lock_counts_who_waits_for_it_not_its_holder_coming_back() -> None:
+    lock = WaitedLock()
+    with lock:
+        with lock:  # re-entrant: the holder comes back without waiting
+            assert lock.waiting == 0
+        took: list[bool] = []
+        other = threading.Thread(target=lambda: took.append(lock.acquire(timeout=0.05)))
+        other.start()
+        other.join(5.0)
+        assert took == [False] and lock.waiting == 0  # it gave up: no longer counted
+        assert not _in_thread(lambda: lock.acquire(blocking=False))
+        waiter = threading.Thread(target=lambda: (lock.acquire(), took.append(True), lock.release()))
+        waiter.start()
+        wait_until(lambda: lock.waiting == 1, "the second thread to wait")
+    waiter.join(5.0)
+    assert took == [False, True] and lock.waiting == 0
+
+
+def _in_thread(call: Callable[[], bool]) -> bool:
+    out: list[bool] = []
+    t = threading.Thread(target=lambda: out.append(call()))
+    t.start()
+    t.join(5.0)
+    return out[0]

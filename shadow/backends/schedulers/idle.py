@@ -88,8 +88,10 @@ class IdleScheduler:
         with self.telemetry.span("shadow.window", {"shadow.window": "idle",
                                                    "shadow.window.budget_ms": self.window_s * 1e3}) as span:
             # (a window's first pass always starts: on a slow box a pass may take longer than the window)
+            # it steps aside for a request and for any call that waits for the facade (a question,
+            # a status look): they wait for the pass in flight, not the window
             done = shadow.read(budget_s=self.window_s, stop=self.activity.busy, on_pass=on_pass,
-                               first_pass_free=True)
+                               first_pass_free=True, yields=True)
             if self.activity.busy():
                 span.set("shadow.window.stopped_for", "request")
             span.set("shadow.window.spent_ms", sum(c.cost_s for c in done) * 1e3)

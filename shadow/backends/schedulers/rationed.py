@@ -22,7 +22,8 @@ waits for the longer slices.
 
 With ``thread``, a slice is decided on the round's thread and read on the ration's own thread, so
 the engine's round returns at once; while it reads, rounds stay quiet (``may_read`` says no), and
-it stops after the pass in flight when a request waits (``arrived``, not started). The turn is
+it stops after the pass in flight when a request waits (``arrived``, not started) or any call waits
+for the facade (``Shadow.read``'s ``yields``). The turn is
 charged when the slice ends, if it still runs.
 
 Either way a slice is at most ``slice_s`` (150 ms), passes start only while their cost, estimated
@@ -235,13 +236,15 @@ class RationedScheduler:
                 self.telemetry.chunk("ration", chunk, backlog_after(shadow, chunk), t0, t1, attrs)
 
         if self.scope == "turn":
-            return shadow.read(turn.session, budget_s=budget, on_pass=on_pass)
+            return shadow.read(turn.session, budget_s=budget, on_pass=on_pass, yields=self.thread)
         # whole passes: with many sessions ready the share buys more ids in batches than read alone
         # on its own thread a slice holds the facade between the host's calls: it stops after the pass
-        # in flight when a request waits (arrived, not started), as the idle window does
+        # in flight when a request waits (arrived, not started), as the idle window does, or when
+        # any call waits for the facade (a request started without being announced, a round with
+        # ids to feed, ``finished``, a question)
         stop = (lambda: self.activity.waiting() > 0) if self.thread else None
         return shadow.read(first=self.activity.sessions_in_flight(), budget_s=budget, on_pass=on_pass, whole=True,
-                           stop=stop)
+                           stop=stop, yields=self.thread)
 
     def _charge(self, turn: TurnTimeline, chunks: list[ChunkRead], budget: float) -> float:
         """The slice's cost: off the device's bank, onto the turn whose round it ran at (on the
