@@ -48,7 +48,7 @@ import tempfile
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,26 @@ class PassCosts:
         """A span of ``chunks`` chunks of one session from ``row``: a pass of as many sessions at
         the same depths, times the span's measured ratio."""
         return self([row + i * self.grid for i in range(chunks)]) * self.span_ratio[chunks]
+
+
+def faster(costs: PassCosts, text: str) -> PassCosts:
+    """What if: ``base=Y,depth=X`` divides each batch size's shallowest cost by Y and what depth
+    adds to it (attention, the one part batching cannot share) by X. Not a measurement: it says what
+    a kernel would have to buy for a row of issue 18 to be met."""
+    try:
+        parts = dict(w.split("=") for w in text.split(","))
+        base, depth = float(parts.pop("base", 1.0)), float(parts.pop("depth", 1.0))
+    except ValueError:
+        parts, base, depth = {"?": text}, 0.0, 0.0
+    if parts or base <= 0 or depth <= 0:
+        raise SystemExit(f"--faster {text!r}: write base=Y,depth=X (each a factor above 0; either may be left out)")
+
+    def scaled(m: CostModel) -> CostModel:
+        ms = tuple(m.ms[0] / base + (x - m.ms[0]) / depth for x in m.ms) if m.ms else ()
+        return replace(m, chunk_ms=m.chunk_ms / base, ms=ms)
+
+    return replace(costs, by_batch={b: scaled(m) for b, m in costs.by_batch.items()},
+                   source=f"{costs.source}; what if: the shallowest cost / {base:g}, what depth adds / {depth:g}")
 
 
 def newest_rate_file(folder: Path = RESULTS) -> Path | None:
@@ -343,7 +363,8 @@ def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     cols = ("agents", "policy", "fresh_share", "p90_behind", "device_share_pct", "mean_batch", "turns", "wall_s")
-    lines = [list(cols)] + [["-" if r[c] is None else str(r[c]) for c in cols] for r in rows]
+    cols += ("what_if",) if any("what_if" in r for r in rows) else ()
+    lines = [list(cols)] + [["-" if r.get(c) is None else str(r[c]) for c in cols] for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
 
@@ -353,11 +374,12 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> bool:
     if plt is None:
         return False
     fig, (fresh, share) = plt.subplots(1, 2, figsize=(10, 4))
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        mine = [r for r in rows if r["policy"] == policy]
+    for policy, what_if in dict.fromkeys((r["policy"], r.get("what_if")) for r in rows):
+        mine = [r for r in rows if r["policy"] == policy and r.get("what_if") == what_if]
         xs = [r["agents"] for r in mine]
-        fresh.plot(xs, [100 * (r["fresh_share"] or 0) for r in mine], marker="o", label=policy)
-        share.plot(xs, [r["device_share_pct"] for r in mine], marker="o", label=policy)
+        label = policy if what_if is None else f"{policy} if {what_if}"
+        fresh.plot(xs, [100 * (r["fresh_share"] or 0) for r in mine], marker="o", label=label)
+        share.plot(xs, [r["device_share_pct"] for r in mine], marker="o", label=label)
     for ax, label in ((fresh, "fresh at turn start, %"), (share, "device share while decoding, %")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("agents at once")
@@ -396,6 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS / "concurrency.json")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--faster", nargs="*", default=[],
+                    help="what if (not measured): base=Y,depth=X divides the shallowest chunk cost by Y and\n"
+                         "what depth adds by X; one replay set per value")
     args = ap.parse_args(argv)
     at = commit()
     if not args.raw.is_dir():
@@ -418,12 +443,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     keep_newest(args.out, (".png",))  # the run before goes to history/ first: this one writes as it goes
-    for n in args.agents:
-        for text in args.policies:
-            run = replay(sessions, parse_policy(text), costs, Knobs2(n, args.minutes, seed=args.seed))
-            doc["rows"].append(run.row(512))
-            print(table(doc["rows"][-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-            args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")  # a long run keeps what it has
+    variants = [(text, faster(costs, text)) for text in args.faster] or [(None, costs)]
+    if args.faster:
+        doc["note"] = NOTE + "; what if: each row's costs are the measured ones made faster as its what_if says"
+    for what_if, priced in variants:
+        for n in args.agents:
+            for text in args.policies:
+                run = replay(sessions, parse_policy(text), priced, Knobs2(n, args.minutes, seed=args.seed))
+                doc["rows"].append(run.row(512) | ({} if what_if is None else {"what_if": what_if}))
+                print(table(doc["rows"][-1:]).splitlines()[-1], file=sys.stderr, flush=True)
+                args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")  # a long run keeps what it has
     rows = doc["rows"]
     print(table(rows))
     print(f"wrote {args.out}", file=sys.stderr)

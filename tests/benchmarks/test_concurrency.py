@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.concurrency import main, pass_costs
+from benchmarks.concurrency import faster, main, pass_costs
 
 SINGLE = [{"figure": "chunk", "model": "0.8b", "depth": 0, "ours_ms": 3.0},
           {"figure": "chunk", "model": "0.8b", "depth": 100_000, "ours_ms": 7.0}]
@@ -34,6 +34,18 @@ def test_pass_costs_by_batch_and_depth_interpolate_and_fall_back_to_one_session(
     assert batched([0, 100_000, 0, 0]) == pytest.approx((3 * 1.0 + 5.0) / 1e3)
 
 
+def test_what_if_divides_the_shallowest_cost_and_what_depth_adds_apart(tmp_path: Path) -> None:
+    costs = pass_costs(rate_file(tmp_path, SINGLE + BATCH))
+    quick = faster(costs, "base=2,depth=4")
+    assert quick([0]) == pytest.approx(0.0015) and quick([100_000]) == pytest.approx((1.5 + 1.0) / 1e3)
+    assert quick([0, 100_000]) == pytest.approx((2 * 1.0 + 1.0) / 1e3)  # B = 2: 2 ms / 2, then 4 ms / 4
+    assert faster(costs, "depth=2")([50_000]) == pytest.approx(0.004)  # 3 + 2 / 2
+    assert "what if" in quick.source and costs([0]) == pytest.approx(0.003)  # the measured ones untouched
+    for bad in ("base=0", "speed=2", "base"):
+        with pytest.raises(SystemExit, match="base=Y,depth=X"):
+            faster(costs, bad)
+
+
 @pytest.mark.parametrize("rows", [SINGLE, SINGLE + BATCH], ids=["single", "batched"])
 def test_a_tiny_replay_writes_both_rations_rows(shared_data: Path, tmp_path: Path, rows: list) -> None:
     out = tmp_path / "concurrency.json"
@@ -55,3 +67,15 @@ def test_a_tiny_replay_writes_both_rations_rows(shared_data: Path, tmp_path: Pat
         assert three["mean_batch"] > 1.0  # several sessions a pass
     else:
         assert three["mean_batch"] == 1.0
+
+
+def test_a_what_if_replay_labels_its_rows_and_costs_less(shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "what_if.json"
+    assert main(["--raw", str(shared_data / "sessions" / "raw"), "--only", "openhands-examples",
+                 "--agents", "2", "--policies", "device:5", "--minutes", "3", "--faster", "base=1", "base=2,depth=2",
+                 "--rate-file", str(rate_file(tmp_path, SINGLE + BATCH)), "--out", str(out), "--no-plot"]) == 0
+    doc = json.loads(out.read_text())
+    assert "what if" in doc["note"]
+    same, quick = doc["rows"]
+    assert (same["what_if"], quick["what_if"]) == ("base=1", "base=2,depth=2")
+    assert same["ration_chunks"] > 0 and quick["device_share_pct"] < same["device_share_pct"]
