@@ -98,7 +98,7 @@ CASES = {
     "no weights": (lambda f: (f / "model.safetensors").unlink(), "no model.safetensors"),
     "no config": (lambda f: (f / "config.json").unlink(), "no config.json"),
     "truncated file": (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:-100]),
-                       "runs past the end of the file"),
+                       "the tensors run past the end of the file"),
 }
 
 

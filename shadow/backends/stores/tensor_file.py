@@ -79,6 +79,9 @@ def read_header(f: BinaryIO, file_len: int) -> Header:
         if slot.begin != at:
             raise ValueError(f"the data's byte ranges leave a gap or overlap at {at}")
         at = slot.end
+    if at > data_len:
+        raise ValueError(f"the tensors run past the end of the file ({at} bytes of data, {data_len} there: "
+                         "cut short?)")
     if at != data_len:
         raise ValueError(f"the tensors cover {at} bytes of a data section of {data_len}")
     return Header(metadata, slots, data_len)
