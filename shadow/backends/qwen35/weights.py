@@ -100,7 +100,7 @@ def _read_header(path: Path) -> tuple[int, dict[str, Slot]]:
     (``tensor_file``), whose checks are the format's own; a file it refuses is a clear error."""
     try:
         header = open_header(path)
-    except (ValueError, UnicodeDecodeError) as e:  # json's errors are ValueErrors
+    except ValueError as e:  # the format's checks, and json's errors (ValueErrors too)
         raise CheckpointError(f"{path.name}: not a valid safetensors file: {e}") from e
     return path.stat().st_size - header.data_len, header.slots
 
