@@ -86,7 +86,8 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
 
 @triton.jit
 def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_ptr, k_ptr, v_ptr, R, SEG,
-                         stride_proj, H, KVH, HD, RD, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                         stride_proj, H, KVH, HD, RD, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+                         ROT: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     head = tl.program_id(1)  # [0, H) queries, [H, H + KVH) keys, [H + KVH, H + 2 KVH) values
     cols = tl.arange(0, BLOCK)[None, :]
@@ -105,17 +106,24 @@ def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_pt
         xf = tl.load(src + cols, mask=m, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(xf * xf, axis=1)[:, None] / HD + eps)
         y = xf * rstd * tl.load(w_ptr + cols, mask=cols < HD, other=0.0)
+        tl.store(dst + cols, y.to(q_ptr.dtype.element_ty), mask=m & (cols >= RD))
+        # The rotated columns apart, in a tile of their own: the cosine and sine (the kernel's
+        # costliest arithmetic) run on RD columns, not the whole head. Same operations on the same
+        # values as the whole-head form, so the same bits.
+        rc = tl.arange(0, ROT)[None, :]
         half = RD // 2
-        rot = cols < RD
-        partner = tl.where(cols < half, cols + half, cols - half)
-        pf = tl.load(src + partner, mask=mr & rot, other=0.0).to(tl.float32)
+        rot = rc < RD
+        mrot = mr & rot
+        xr = tl.load(src + rc, mask=mrot, other=0.0).to(tl.float32)
+        yr = xr * rstd * tl.load(w_ptr + rc, mask=rot, other=0.0)
+        partner = tl.where(rc < half, rc + half, rc - half)
+        pf = tl.load(src + partner, mask=mrot, other=0.0).to(tl.float32)
         py = pf * rstd * tl.load(w_ptr + partner, mask=rot, other=0.0)
         # row r is row r % SEG of session r // SEG, which starts at its own position
         pos = (tl.load(start_ptr + row // SEG, mask=mr, other=0) + row % SEG).to(tl.float32)
-        freq = pos * tl.load(inv_freq_ptr + (cols % half), mask=rot, other=0.0)
-        rotated = tl.where(cols < half, -py, py)
-        y = tl.where(rot, y * tl.cos(freq) + rotated * tl.sin(freq), y)
-        tl.store(dst + cols, y.to(q_ptr.dtype.element_ty), mask=m)
+        freq = pos * tl.load(inv_freq_ptr + (rc % half), mask=rot, other=0.0)
+        rotated = tl.where(rc < half, -py, py)
+        tl.store(dst + rc, (yr * tl.cos(freq) + rotated * tl.sin(freq)).to(q_ptr.dtype.element_ty), mask=mrot)
     else:
         j = head - H - KVH
         x = tl.load(base + H * 2 * HD + KVH * HD + j * HD + cols, mask=m, other=0.0)
@@ -130,9 +138,10 @@ def qk_norm_rope(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
     session, by default); ``start[b]`` is the position of session b's first row."""
     rows, heads, hd = q.shape
     kvh = k.shape[1]
+    rd = 2 * inv_freq.shape[0]
     _qk_norm_rope_kernel[(triton.cdiv(rows, HEAD_ROWS), heads + 2 * kvh)](
         proj, q_norm, k_norm, inv_freq, start, q, k, v, rows, seg or rows, proj.stride(0), heads, kvh, hd,
-        2 * inv_freq.shape[0], eps, ROWS=HEAD_ROWS, BLOCK=_pow2(hd), num_warps=4)
+        rd, eps, ROWS=HEAD_ROWS, BLOCK=_pow2(hd), ROT=_pow2(rd), num_warps=4)
 
 
 @triton.jit
@@ -301,3 +310,31 @@ def gated_norm(o: torch.Tensor, proj: torch.Tensor, z_off: int, weight: torch.Te
     rows, hv, dv = o.shape
     _gated_norm_kernel[(triton.cdiv(rows, HEAD_ROWS), hv)](o, proj, weight, out, rows, proj.stride(0), z_off, hv,
                                                            dv, eps, ROWS=HEAD_ROWS, BLOCK=_pow2(dv), num_warps=4)
+
+
+# ---- sessions' states into the static slots and back -----------------------------------------
+
+
+@triton.jit
+def _copy_slots_kernel(sources_ptr, static_ptr, per_layer, layer_stride, INTO: tl.constexpr, BLOCK: tl.constexpr):
+    b, layer, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    own = tl.load(sources_ptr + b).to(tl.pointer_type(static_ptr.dtype.element_ty))
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    m = offs < per_layer
+    own_at = own + layer.to(tl.int64) * per_layer + offs
+    static_at = static_ptr + layer.to(tl.int64) * layer_stride + b * per_layer + offs
+    if INTO:
+        tl.store(static_at, tl.load(own_at, mask=m), mask=m)
+    else:
+        tl.store(own_at, tl.load(static_at, mask=m), mask=m)
+
+
+def copy_slots(static: torch.Tensor, sources: torch.Tensor, into: bool) -> None:
+    """Session b's stacked state (``[layers, ...]``, contiguous, at the address ``sources[b]``) into
+    slot b of ``static`` (``[layers, slots, ...]``, contiguous), or back: every session's layers in
+    one launch, where a ``copy_`` a session runs strided at half the bandwidth
+    (``benchmarks/probes/pass_levers.py``)."""
+    layers, per_layer = static.shape[0], static[0, 0].numel()
+    block = 4096
+    _copy_slots_kernel[(sources.shape[0], layers, triton.cdiv(per_layer, block))](
+        sources, static, per_layer, static.stride(0), INTO=into, BLOCK=block, num_warps=4)
