@@ -408,3 +408,29 @@ def test_reads_through_the_table_give_the_bits_of_one_attention_call_a_chunk(che
         results.append((a, b))
     assert all(same_state(got, want) for got, want in zip(*results, strict=True))
     assert results[0][0].length == 128 and results[0][1].length == 192
+
+
+def test_states_move_into_the_slots_in_one_launch_or_a_layer_at_a_time(checkpoints):
+    """Stacked states (every state ``new_state`` makes) move through one launch a kind, from the
+    addresses staged with the pass; a batch holding any state that is not stacked moves each a layer
+    at a time. Either way each session reads as it would alone, bit for bit."""
+    from shadow.backends.qwen35 import slots
+    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.graphs import same_state
+    from shadow.backends.qwen35.state import ModelState
+
+    model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
+    fast = FastForward(model, grid=64)
+    gen = torch.Generator().manual_seed(7)
+    chunks = [torch.randint(0, 248000, (64,), generator=gen) for _ in range(2)]
+    alone, stacked, other = model.new_state(), model.new_state(), model.new_state()
+    loose = ModelState(model.config, model.device, model.dtype, 0, [t.clone() for t in stacked.k],
+                       [t.clone() for t in stacked.v], [t.clone() for t in stacked.conv],
+                       [t.clone() for t in stacked.recurrent])
+    assert slots.sources(fast, [stacked, other]) and not slots.sources(fast, [loose, other])
+    for ids in chunks:
+        fast.read_chunks([(ids, alone)])
+        fast.read_chunks([(ids, stacked), (ids.flip(0), other)])  # one launch a kind each way
+        fast.read_chunks([(ids, loose)])  # a layer at a time
+    assert same_state(stacked, alone) and same_state(loose, alone)
+    assert alone.length == 2 * 64 and not torch.equal(alone.recurrent[0], torch.zeros_like(alone.recurrent[0]))

@@ -12,7 +12,7 @@ would change bits as the buffer grew.
 
 Per-session state that the graphs touch lives in static buffers: the conv and recurrent state of
 ``max_batch`` slots, copied in before a forward and, for a chunk that commits, copied out after it
-(about 19 MB each way a session at 0.8B). KV rows are written straight into each session's own
+(about 19 MB each way a session at 0.8B; a read's sessions in one launch a kind, ``slots.py``). KV rows are written straight into each session's own
 buffers, inside a read's graph or eagerly between a fork's pieces (``piecewise.py``). A fork
 (question, decode; ``fork.py``) uses slot 0 and copies in, never out, so the committed state is
 untouched by construction. A pass's inputs cross in one copy from pinned host memory
@@ -72,12 +72,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import attention, graphs, kernels, piecewise
+from . import attention, graphs, kernels, piecewise, slots
 from .fork import Fork
 from .gdn import gated_delta_rule_chunked
 from .merged import FullW, GdnW, merge, one_plus
 from .model import Qwen35
-from .staging import Rows, stacked
+from .staging import Rows
 from .state import ModelState
 
 # Fork pass sizes below the grid (the grid itself is one too): above 64 rows a question pads by at
@@ -127,11 +127,11 @@ class FastForward:
         self.refused_spans: dict[int, str] = {}
         # Without CUDA, GEMMs run per session (module docstring).
         self.gemm_per_session = self.device.type != "cuda"
-        slots, layers = self.batches[-1], len(cfg.linear_layers)
+        n_slots, layers = self.batches[-1], len(cfg.linear_layers)
         # [layer, slot, ...]: a layer's slots are contiguous, fla's batch axis.
-        self.conv_all = torch.zeros(layers, slots, cfg.conv_dim, cfg.linear_conv_kernel_dim, device=self.device,
+        self.conv_all = torch.zeros(layers, n_slots, cfg.conv_dim, cfg.linear_conv_kernel_dim, device=self.device,
                                     dtype=model.dtype)
-        self.rec_all = torch.zeros(layers, slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+        self.rec_all = torch.zeros(layers, n_slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                    cfg.linear_value_head_dim, device=self.device, dtype=torch.float32)
         self.rows: dict[tuple[int, int, bool], Rows] = {}  # by (rows, rows a session, a read's)
         # A read's pass is captured whole: its attention reads each chunk's start and KV addresses
@@ -311,11 +311,13 @@ class FastForward:
         else:
             self._logits(r)
 
-    def _read_pass(self, ids: torch.Tensor, states: Sequence[ModelState], seg: int) -> None:
+    def _read_pass(self, ids: torch.Tensor, states: Sequence[ModelState], seg: int, sources: Sequence[int]) -> None:
         """A read's pass (``seg`` rows a session, no logits): one captured graph, its attention
-        reading each grid chunk's start, split rule and KV addresses from the staged table."""
+        reading each grid chunk's start, split rule and KV addresses from the staged table. With
+        ``sources`` (``slots.sources``) it moves the states into their slots before and back after."""
         if not self.table_reads:
-            self._pass(ids, states, seg, logits=False, seg=seg)
+            self._pass(ids, states, seg, logits=False, seg=seg, sources=sources)
+            slots.move(self, self._rows_for(ids.shape[0], seg), sources, into=False)
             return
         r = self._rows_for(ids.shape[0], seg, read=True)
         if len(states) != r.sessions:
@@ -327,11 +329,13 @@ class FastForward:
         for i in range(self.n_attn):  # a row a chunk, at its own start (host time the device waits for)
             table += [x for s, start in zip(states, starts, strict=True) for at in range(start, start + seg, self.grid)
                       for x in attention.table_row(at, self.grid, self.cfg.num_attention_heads, s.k[i], s.v[i])]
-        r.stage(ids, starts, seg, table)
+        r.stage(ids, starts, seg, table, sources)
+        slots.move(self, r, sources, into=True)
         if r.whole is not None:
             r.whole.replay()
         else:
             self._read_eager(r)
+        slots.move(self, r, sources, into=False)
 
     def _read_eager(self, r: Rows) -> None:
         """A read's pass as its graph holds it: the pieces, and between them each layer's K and V
@@ -346,7 +350,7 @@ class FastForward:
             self._piece(r, self.n_attn)
 
     def _pass(self, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool,
-              seg: int | None = None) -> torch.Tensor | None:
+              seg: int | None = None, sources: Sequence[int] = ()) -> torch.Tensor | None:
         """One forward of ``ids`` (a captured row count: one session's, or ``seg`` rows, ``grid`` by
         default, for each of ``states``, the first ``real`` of each session's rows real) at each
         state's length, on the static conv and recurrent slots. Returns logits of the last real row
@@ -357,7 +361,8 @@ class FastForward:
         starts = [s.length for s in states]
         for s in states:
             s.reserve(s.length + r.seg)
-        r.stage(ids, starts, real)
+        r.stage(ids, starts, real, sources=sources)
+        slots.move(self, r, sources, into=True)
         stop_early = not logits and self.read_stops_early
         for j in range(self.n_attn):
             self._run(r, j)
@@ -395,29 +400,20 @@ class FastForward:
         states = [state for _, state in chunks]
         if len({id(s) for s in states}) != b:
             raise ValueError("a session appears twice in one batch")
+        sources = slots.sources(self, states)
+        if not sources:
+            for slot, state in enumerate(states):
+                slots.copy(self, state, slot, into_slot=True)
+        self._read_pass(chunks[0][0] if b == 1 else torch.cat([ids for ids, _ in chunks]), states, seg, sources)
         for slot, state in enumerate(states):
-            self._copy(state, slot, into_slot=True)
-        self._read_pass(chunks[0][0] if b == 1 else torch.cat([ids for ids, _ in chunks]), states, seg)
-        for slot, state in enumerate(states):
-            self._copy(state, slot, into_slot=False)
+            if not sources:
+                slots.copy(self, state, slot, into_slot=False)
             state.length += seg
-
-    def _copy(self, state: ModelState, slot: int, into_slot: bool) -> None:
-        """A session's conv and recurrent state into static slot ``slot`` or back: two copies when
-        the session's are stacked (every state ``ModelState.empty`` makes), else one per layer."""
-        conv, rec = stacked(state.conv), stacked(state.recurrent)
-        if conv is not None and rec is not None:
-            pairs = [(self.conv_all[:, slot], conv), (self.rec_all[:, slot], rec)]
-        else:
-            pairs = [(self.conv_all[i, slot], t) for i, t in enumerate(state.conv)]
-            pairs += [(self.rec_all[i, slot], t) for i, t in enumerate(state.recurrent)]
-        for static, own in pairs:
-            (static if into_slot else own).copy_(own if into_slot else static)
 
     def fork(self, ids: list[int], state: ModelState) -> Fork:
         """Start a fork above the committed rows: the state's conv and recurrent tensors are not
         written; KV rows above ``state.length`` are scratch."""
-        self._copy(state, 0, into_slot=True)
+        slots.copy(self, state, 0, into_slot=True)
         return Fork(self, state, state.length).extend(ids)
 
     # ---- capture -------------------------------------------------------------------------------

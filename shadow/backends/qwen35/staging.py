@@ -3,11 +3,14 @@ captured pieces hand to the eager attention and back, and the captured graphs th
 
 A pass of ``n`` rows holds ``sessions`` sessions of ``seg`` rows each: a fork's pass is one
 session of ``n`` rows, a batched read ``n / grid`` sessions of ``grid`` rows. Its inputs are
-``[ids (n) | start of each session | valid | table]`` in one device tensor, written by one copy from
-pinned host memory, so they change with no new capture and no fill launches. ``valid`` counts the
+``[ids (n) | start of each session | valid | table | state addresses]`` in one device tensor,
+written by one copy from pinned host memory, so they change with no new capture and no fill
+launches. ``valid`` counts the
 real rows of each session (a fork's padding comes after them; a read has none). A read's pass,
 captured whole, also takes the table its attention reads (``attention.attend_table``): a row per
 attention layer and grid chunk, each chunk's start and split rule and its session's KV addresses.
+A read also stages where each session's conv and recurrent state lie (``slot_sources``), so that one
+launch a kind moves them into the static slots and one moves them back (``kernels.copy_slots``).
 """
 
 from __future__ import annotations
@@ -55,8 +58,8 @@ class Rows:
         table = 1
         for size in table_shape:
             table *= size
-        rows = cls(n=n, seg=seg, io=torch.zeros(n + sessions + 1 + (table if table_shape else 0), dtype=torch.long,
-                                                device=device),
+        size = n + sessions + 1 + (table if table_shape else 0) + 2 * sessions
+        rows = cls(n=n, seg=seg, io=torch.zeros(size, dtype=torch.long, device=device),
                    attn=torch.zeros(n, heads, head_dim, device=device, dtype=dtype), table_shape=table_shape)
         if device.type == "cuda":
             rows.staging = [torch.empty(rows.io.shape[0], dtype=torch.long, pin_memory=True)
@@ -81,26 +84,38 @@ class Rows:
         return self.io[self.n + self.sessions:self.n + self.sessions + 1]
 
     @property
+    def _table_end(self) -> int:
+        return self.io.shape[0] - 2 * self.sessions
+
+    @property
     def table(self) -> torch.Tensor:
-        return self.io[self.n + self.sessions + 1:].view(self.table_shape)
+        return self.io[self.n + self.sessions + 1:self._table_end].view(self.table_shape)
+
+    @property
+    def slot_sources(self) -> torch.Tensor:
+        """[2, sessions]: the address of each session's stacked conv state, then of its recurrent state."""
+        return self.io[self._table_end:].view(2, self.sessions)
 
     def nbytes(self) -> int:
         return self.io.numel() * 8 + self.attn.numel() * self.attn.element_size()
 
-    def stage(self, ids: torch.Tensor, starts: Sequence[int], valid: int, table: Sequence[int] = ()) -> None:
+    def stage(self, ids: torch.Tensor, starts: Sequence[int], valid: int, table: Sequence[int] = (),
+              sources: Sequence[int] = ()) -> None:
         """Queue the copy of a pass's inputs to ``io``: one copy from pinned memory (ids already on
         the device, a decode step's argmax, are copied there apart). A slot is written only once
-        the device has taken its previous contents."""
-        n, s = self.n, self.sessions
-        if len(table) != self.io.shape[0] - n - s - 1:
-            raise ValueError(f"a pass of {n} rows takes a table of {self.io.shape[0] - n - s - 1} numbers, "
-                             f"got {len(table)}")
+        the device has taken its previous contents. ``sources``: the sessions' state addresses
+        (``slot_sources``, flattened), or none (zeros, for a pass that moves no state)."""
+        n, s, end = self.n, self.sessions, self._table_end
+        if len(table) != end - n - s - 1:
+            raise ValueError(f"a pass of {n} rows takes a table of {end - n - s - 1} numbers, got {len(table)}")
+        if sources and len(sources) != 2 * s:
+            raise ValueError(f"a pass of {s} sessions takes {2 * s} state addresses, got {len(sources)}")
+        tail = list(table) + (list(sources) or [0] * (2 * s))
         if not self.staging:  # off CUDA: the copy is synchronous
             self.io[:n].copy_(ids)
             self.io[n:n + s] = torch.tensor(list(starts), dtype=torch.long)
             self.io[n + s] = valid
-            if table:
-                self.io[n + s + 1:] = torch.tensor(list(table), dtype=torch.long)
+            self.io[n + s + 1:] = torch.tensor(tail, dtype=torch.long)
             return
         slot = self.turn % len(self.staging)
         self.turn += 1
@@ -109,7 +124,7 @@ class Rows:
         view = host.numpy()
         view[n:n + s] = starts
         view[n + s] = valid
-        view[n + s + 1:] = table
+        view[n + s + 1:] = tail
         if ids.is_cuda:
             self.io[:n].copy_(ids)
             self.io[n:].copy_(host[n:], non_blocking=True)

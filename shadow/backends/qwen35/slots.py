@@ -1,0 +1,54 @@
+"""The static slots a pass computes on: each session's conv and recurrent state moved in before a
+read's pass and back after it, or into slot 0 for a fork (never back: a fork leaves the committed
+state untouched by construction).
+
+A state ``ModelState.empty`` makes is stacked (one tensor a kind, a view per layer), and a read of B
+such sessions moves them with one launch a kind each way (``kernels.copy_slots``), the addresses
+staged with the pass's inputs (``Rows.slot_sources``). A per-session ``copy_`` into the strided slot
+ran at half the bandwidth (``benchmarks/probes/pass_levers.py``: 8 sessions of the 0.8B, 172 us
+each way against 89). A state that is not stacked moves by ``copy``, a layer at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from . import kernels
+from .staging import Rows, stacked
+from .state import ModelState
+
+if TYPE_CHECKING:
+    from .fast import FastForward
+
+
+def sources(fast: FastForward, states: Sequence[ModelState]) -> list[int]:
+    """The addresses of the states' stacked conv tensors, then of their recurrent ones; empty when any
+    state is not stacked as the slots want it (then each moves by ``copy``)."""
+    convs = [stacked(s.conv) for s in states]
+    recs = [stacked(s.recurrent) for s in states]
+    for bases, static in ((convs, fast.conv_all), (recs, fast.rec_all)):
+        for base in bases:
+            if base is None or base.dtype != static.dtype or base.shape != static[:, 0].shape:
+                return []
+    return [t.data_ptr() for t in convs + recs if t is not None]
+
+
+def move(fast: FastForward, r: Rows, staged: Sequence[int], into: bool) -> None:
+    """The sessions whose addresses pass ``r`` staged, into slots 0.. (or back): one launch a kind."""
+    if staged:
+        kernels.copy_slots(fast.conv_all, r.slot_sources[0], into)
+        kernels.copy_slots(fast.rec_all, r.slot_sources[1], into)
+
+
+def copy(fast: FastForward, state: ModelState, slot: int, into_slot: bool) -> None:
+    """A session's conv and recurrent state into slot ``slot`` or back: two copies when stacked,
+    else one per layer."""
+    conv, rec = stacked(state.conv), stacked(state.recurrent)
+    if conv is not None and rec is not None:
+        pairs = [(fast.conv_all[:, slot], conv), (fast.rec_all[:, slot], rec)]
+    else:
+        pairs = [(fast.conv_all[i, slot], t) for i, t in enumerate(state.conv)]
+        pairs += [(fast.rec_all[i, slot], t) for i, t in enumerate(state.recurrent)]
+    for static, own in pairs:
+        (static if into_slot else own).copy_(own if into_slot else static)
