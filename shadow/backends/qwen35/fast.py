@@ -12,8 +12,9 @@ would change bits as the buffer grew.
 
 Per-session state that the graphs touch lives in static buffers: the conv and recurrent state of
 ``max_batch`` slots, copied in before a forward and, for a chunk that commits, copied out after it
-(about 19 MB each way a session at 0.8B; a read's sessions in one launch a kind, ``slots.py``). KV rows are written straight into each session's own
-buffers, inside a read's graph or eagerly between a fork's pieces (``piecewise.py``). A fork
+(about 19 MB each way a session at 0.8B; a read's sessions in one launch a kind, ``slots.py``).
+KV rows are written straight into each session's own buffers, inside a read's graph or eagerly
+between a fork's pieces (``piecewise.py``). A fork
 (question, decode; ``fork.py``) uses slot 0 and copies in, never out, so the committed state is
 untouched by construction. A pass's inputs cross in one copy from pinned host memory
 (``staging.py``).
