@@ -12,12 +12,11 @@ would change bits as the buffer grew.
 
 Per-session state that the graphs touch lives in static buffers: the conv and recurrent state of
 ``max_batch`` slots, copied in before a forward and, for a chunk that commits, copied out after it
-(about 19 MB each way a session at 0.8B; a read's sessions in one launch a kind, ``slots.py``).
-KV rows are written straight into each session's own buffers, inside a read's graph or eagerly
-between a fork's pieces (``piecewise.py``). A fork
-(question, decode; ``fork.py``) uses slot 0 and copies in, never out, so the committed state is
-untouched by construction. A pass's inputs cross in one copy from pinned host memory
-(``staging.py``).
+(about 19 MB each way a session at 0.8B; a read's sessions in one launch a kind inside its graph,
+``slots.py``). KV rows are written straight into each session's own buffers, inside a read's graph
+or eagerly between a fork's pieces (``piecewise.py``). A fork (question, decode; ``fork.py``) uses
+slot 0 and copies in, never out, so the committed state is untouched by construction. A pass's
+inputs cross in one copy from pinned host memory (``staging.py``).
 
 A batch: B sessions, each at its own depth, read their next chunk in one pass of ``B * grid`` rows,
 session b's rows at ``[b * grid, (b + 1) * grid)``. Each session's tensors equal its chunk read
@@ -318,7 +317,8 @@ class FastForward:
         ``sources`` (``slots.sources``) it moves the states into their slots before and back after."""
         if not self.table_reads:
             self._pass(ids, states, seg, logits=False, seg=seg, sources=sources)
-            slots.move(self, self._rows_for(ids.shape[0], seg), sources, into=False)
+            if sources:
+                slots.move(self, self._rows_for(ids.shape[0], seg), into=False)
             return
         r = self._rows_for(ids.shape[0], seg, read=True)
         if len(states) != r.sessions:
@@ -331,16 +331,16 @@ class FastForward:
             table += [x for s, start in zip(states, starts, strict=True) for at in range(start, start + seg, self.grid)
                       for x in attention.table_row(at, self.grid, self.cfg.num_attention_heads, s.k[i], s.v[i])]
         r.stage(ids, starts, seg, table, sources)
-        slots.move(self, r, sources, into=True)
         if r.whole is not None:
             r.whole.replay()
         else:
             self._read_eager(r)
-        slots.move(self, r, sources, into=False)
 
     def _read_eager(self, r: Rows) -> None:
         """A read's pass as its graph holds it: the pieces, and between them each layer's K and V
-        rows written and attended to through the table."""
+        rows written and attended to through the table; the staged sessions' states moved into their
+        slots first and back last."""
+        slots.move(self, r, into=True)
         for j in range(self.n_attn):
             self._piece(r, j)
             q, k, v = r.qkv[j]
@@ -349,6 +349,7 @@ class FastForward:
                 attention.attend_table(q, r.table[j], self._kv_like, r.attn)
         if not self.read_stops_early:
             self._piece(r, self.n_attn)
+        slots.move(self, r, into=False)
 
     def _pass(self, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool,
               seg: int | None = None, sources: Sequence[int] = ()) -> torch.Tensor | None:
@@ -363,7 +364,8 @@ class FastForward:
         for s in states:
             s.reserve(s.length + r.seg)
         r.stage(ids, starts, real, sources=sources)
-        slots.move(self, r, sources, into=True)
+        if sources:
+            slots.move(self, r, into=True)
         stop_early = not logits and self.read_stops_early
         for j in range(self.n_attn):
             self._run(r, j)

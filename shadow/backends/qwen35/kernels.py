@@ -318,7 +318,10 @@ def gated_norm(o: torch.Tensor, proj: torch.Tensor, z_off: int, weight: torch.Te
 @triton.jit
 def _copy_slots_kernel(sources_ptr, static_ptr, per_layer, layer_stride, INTO: tl.constexpr, BLOCK: tl.constexpr):
     b, layer, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    own = tl.load(sources_ptr + b).to(tl.pointer_type(static_ptr.dtype.element_ty))
+    address = tl.load(sources_ptr + b)
+    if address == 0:  # nothing staged: this session's state moves another way (or the pass is a capture's)
+        return
+    own = address.to(tl.pointer_type(static_ptr.dtype.element_ty))
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     m = offs < per_layer
     own_at = own + layer.to(tl.int64) * per_layer + offs
@@ -333,7 +336,8 @@ def copy_slots(static: torch.Tensor, sources: torch.Tensor, into: bool) -> None:
     """Session b's stacked state (``[layers, ...]``, contiguous, at the address ``sources[b]``) into
     slot b of ``static`` (``[layers, slots, ...]``, contiguous), or back: every session's layers in
     one launch, where a ``copy_`` a session runs strided at half the bandwidth
-    (``benchmarks/probes/pass_levers.py``)."""
+    (``benchmarks/probes/pass_levers.py``). A session whose address is 0 is left alone, so the
+    launch can sit in a captured graph and the addresses change with what is staged."""
     layers, per_layer = static.shape[0], static[0, 0].numel()
     block = 4096
     _copy_slots_kernel[(sources.shape[0], layers, triton.cdiv(per_layer, block))](

@@ -4,9 +4,12 @@ state untouched by construction).
 
 A state ``ModelState.empty`` makes is stacked (one tensor a kind, a view per layer), and a read of B
 such sessions moves them with one launch a kind each way (``kernels.copy_slots``), the addresses
-staged with the pass's inputs (``Rows.slot_sources``). A per-session ``copy_`` into the strided slot
-ran at half the bandwidth (``benchmarks/probes/pass_levers.py``: 8 sessions of the 0.8B, 172 us
-each way against 89). A state that is not stacked moves by ``copy``, a layer at a time.
+staged with the pass's inputs (``Rows.slot_sources``), inside the read's captured graph: no launch
+of the host's. A per-session ``copy_`` into the strided slot ran at half the bandwidth
+(``benchmarks/probes/pass_levers.py``: 8 sessions of the 0.8B, 172 us each way against 89), and
+the copies launched apart cost the host more than they saved at one session
+(``benchmarks/probes/slots_ab.py``). A state that is not stacked moves by ``copy``, a layer at a
+time, around the pass, whose own copies then find no address staged and leave the slots alone.
 """
 
 from __future__ import annotations
@@ -34,11 +37,10 @@ def sources(fast: FastForward, states: Sequence[ModelState]) -> list[int]:
     return [t.data_ptr() for t in convs + recs if t is not None]
 
 
-def move(fast: FastForward, r: Rows, staged: Sequence[int], into: bool) -> None:
-    """The sessions whose addresses pass ``r`` staged, into slots 0.. (or back): one launch a kind."""
-    if staged:
-        kernels.copy_slots(fast.conv_all, r.slot_sources[0], into)
-        kernels.copy_slots(fast.rec_all, r.slot_sources[1], into)
+def move(fast: FastForward, r: Rows, into: bool) -> None:
+    """The sessions whose addresses pass ``r`` staged into slots 0.. (or back): one launch a kind."""
+    kernels.copy_slots(fast.conv_all, r.slot_sources[0], into)
+    kernels.copy_slots(fast.rec_all, r.slot_sources[1], into)
 
 
 def copy(fast: FastForward, state: ModelState, slot: int, into_slot: bool) -> None:
