@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
 from benchmarks.common import device_ms_per_call, environment
 
@@ -173,20 +172,6 @@ def rms_norm() -> list[dict[str, Any]]:
     return rows_out
 
 
-@triton.jit
-def _slots_kernel(own_ptrs, static_ptr, per_layer, layer_stride, INTO: tl.constexpr, BLOCK: tl.constexpr):
-    b, layer, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    own = tl.load(own_ptrs + b).to(tl.pointer_type(static_ptr.dtype.element_ty))
-    offs = blk * BLOCK + tl.arange(0, BLOCK)
-    m = offs < per_layer
-    own_at = own + layer.to(tl.int64) * per_layer + offs
-    static_at = static_ptr + layer.to(tl.int64) * layer_stride + b * per_layer + offs
-    if INTO:
-        tl.store(static_at, tl.load(own_at, mask=m), mask=m)
-    else:
-        tl.store(own_at, tl.load(static_at, mask=m), mask=m)
-
-
 def slots() -> list[dict[str, Any]]:
     conv_all = torch.zeros(GDN_LAYERS, 16, CONV, 4, device="cuda", dtype=DT)
     rec_all = torch.zeros(GDN_LAYERS, 16, HV, DK, DV, device="cuda", dtype=torch.float32)
@@ -204,11 +189,11 @@ def slots() -> list[dict[str, Any]]:
 
     tables = [torch.tensor([t.data_ptr() for t in ts], device="cuda") for ts in (convs, recs)]
 
-    def triton_table(into: bool) -> None:
-        for static, table, own in ((conv_all, tables[0], convs[0]), (rec_all, tables[1], recs[0])):
-            per_layer = own[0].numel()
-            _slots_kernel[(SESSIONS, GDN_LAYERS, triton.cdiv(per_layer, 4096))](
-                table, static, per_layer, static.stride(0), INTO=into, BLOCK=4096, num_warps=4)
+    def triton_table(into: bool) -> None:  # the launch slots.py keeps (kernels.copy_slots)
+        from shadow.backends.qwen35 import kernels
+
+        for static, table in ((conv_all, tables[0]), (rec_all, tables[1])):
+            kernels.copy_slots(static, table, into)
 
     rows_out = []
     moved = sum(t.numel() * t.element_size() for _, t in pairs)
