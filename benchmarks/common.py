@@ -102,6 +102,20 @@ def device_ms_per_call(fn: Callable[[], object]) -> float:
     return float(sorted(times)[len(times) // 2])
 
 
+def captured(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """``fn`` captured as a CUDA graph, after one run on the capture's stream (which compiles its
+    kernels and settles the allocator)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        fn()
+    return g
+
+
 def pyplot(path: Path) -> Any:
     """matplotlib's pyplot (drawing to files), or None with a message that no ``path`` is drawn."""
     try:

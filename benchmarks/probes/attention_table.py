@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import device_ms_per_call, environment
+from benchmarks.common import captured, device_ms_per_call, environment
 
 ROWS, HEADS, KV, DIM = 512, 8, 2, 256
 GROUPS = {"0-2k": [1024, 0, 2048, 512, 1536, 0, 1024, 2048], "32k": [32768], "100k": [100352]}
@@ -71,15 +71,7 @@ def _case(batch: int, depths: list[int], seed: int) -> dict[str, Any]:
                            "table_ms": device_ms_per_call(by_table), "calls_ms": device_ms_per_call(by_calls)}
     graphs = {}
     for name, fn in (("table", by_table), ("calls", by_calls)):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            fn()
-        graphs[name] = g
+        graphs[name] = captured(fn)
     out_pointers = torch.empty_like(q)
     attention.attend_table(q, table, like, out_pointers, tma=False)
     row["table_pointers_equal"] = torch.equal(out_pointers, first)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import triton
 
-from benchmarks.common import device_ms_per_call, environment
+from benchmarks.common import captured, device_ms_per_call, environment
 
 DT = torch.bfloat16
 ROWS_ALONE, SESSIONS = 512, 8
@@ -40,15 +40,7 @@ GDN_LAYERS, HV, DK, DV = 18, 16, 128, 128
 
 
 def _graph_ms(fn: Callable[[], object]) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        fn()
-    return device_ms_per_call(g.replay) * 1000  # us
+    return device_ms_per_call(captured(fn).replay) * 1000  # us
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:

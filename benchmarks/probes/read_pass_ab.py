@@ -18,6 +18,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ CASES = ((1, "0-2k"), (8, "0-2k"), (16, "0-2k"), (1, "32k"), (8, "32k"))
 SPREAD = (1024, 0, 2048, 512, 1536)
 
 
+def random_08b() -> Qwen35:
+    """The 0.8B shape with random weights, bf16, on CUDA (written as a checkpoint, loaded, deleted)."""
+    with tempfile.TemporaryDirectory(prefix="random_08b-") as tmp:
+        _write_model(Path(tmp), MODELS["0.8b"](), torch.device("cuda"), torch.bfloat16)
+        return Qwen35.from_pretrained(Path(tmp), device="cuda", dtype="bfloat16")
+
+
 def _placed(model: Qwen35, depth: int, room: int, seed: int) -> ModelState:
     state = model.new_state()
     state.reserve(depth + room)
@@ -46,7 +54,8 @@ def _placed(model: Qwen35, depth: int, room: int, seed: int) -> ModelState:
 
 
 def _case(model: Qwen35, forms: dict[str, FastForward], batch: int, group: str, rounds: int,
-          passes: int) -> dict[str, Any]:
+          passes: int, switch: Callable[[str], object] = lambda name: None) -> dict[str, Any]:
+    """``switch(name)`` runs before each form's passes (forms that share one FastForward)."""
     depths = [SPREAD[b % len(SPREAD)] if group == "0-2k" else 32768 for b in range(batch)]
     room = (rounds * passes + 1) * GRID
     base = [_placed(model, d, room, seed=b) for b, d in enumerate(depths)]
@@ -56,10 +65,12 @@ def _case(model: Qwen35, forms: dict[str, FastForward], batch: int, group: str, 
     wall: dict[str, list[float]] = {name: [] for name in forms}
     host: dict[str, list[float]] = {name: [] for name in forms}
     for name, fast in forms.items():  # a warm pass each
+        switch(name)
         fast.read_chunks([(chunks[0], s) for s in states[name]])
     at = 1
     for _ in range(rounds):
         for name, fast in forms.items():
+            switch(name)
             for p in range(passes):
                 ids = chunks[at + p]
                 torch.cuda.synchronize()
@@ -71,7 +82,7 @@ def _case(model: Qwen35, forms: dict[str, FastForward], batch: int, group: str, 
                 host[name].append((t1 - t0) * 1e3)
                 wall[name].append((t2 - t0) * 1e3)
         at += passes
-    equal = all(same_state(a, b) for a, b in zip(states["whole"], states["piecewise"], strict=True))
+    equal = all(same_state(a, b) for a, b in zip(*states.values(), strict=True))
     return {"batch": batch, "group": group, "depths": depths, "equal": equal,
             **{f"{name}_wall_ms": statistics.median(wall[name]) for name in forms},
             **{f"{name}_host_ms": statistics.median(host[name]) for name in forms},
@@ -84,9 +95,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--passes", type=int, default=5)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="read_pass_ab-") as tmp:
-        _write_model(Path(tmp), MODELS["0.8b"](), torch.device("cuda"), torch.bfloat16)
-        model = Qwen35.from_pretrained(Path(tmp), device="cuda", dtype="bfloat16")
+    model = random_08b()
     forms = {"whole": FastForward(model, GRID), "piecewise": FastForward(model, GRID)}
     forms["piecewise"].table_reads = False
     warm = {name: fast.warm_up() for name, fast in forms.items()}
