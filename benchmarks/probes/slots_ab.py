@@ -1,7 +1,8 @@
 """A read's states into the static slots and back by one launch a kind (``slots.move``, shipped)
 against a strided ``copy_`` a session each way (``slots.copy``, the form before), alternating in one
-process on one ``FastForward`` (the captured graphs do not hold the copies, so both forms replay
-the same ones).
+process on one ``FastForward``, so both forms replay the same graphs. At bb80fda (the result kept)
+the one-launch copies were launches of the host's; since 87a827c they sit inside the read's graph,
+and the other form stages no addresses, so the graph's copies leave its slots alone.
 
 0.8B shape, random weights, bf16; B sessions placed at 0-2k (random KV rows below), each form
 reading its own copies of them, ``passes`` chunks a round, rounds alternating. Per pass the wall time
