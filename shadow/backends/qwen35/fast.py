@@ -313,12 +313,11 @@ class FastForward:
 
     def _read_pass(self, ids: torch.Tensor, states: Sequence[ModelState], seg: int, sources: Sequence[int]) -> None:
         """A read's pass (``seg`` rows a session, no logits): one captured graph, its attention
-        reading each grid chunk's start, split rule and KV addresses from the staged table. With
-        ``sources`` (``slots.sources``) it moves the states into their slots before and back after."""
+        reading each grid chunk's start, split rule and KV addresses from the staged table, its
+        first and last launches moving the states at ``sources`` (``slots.sources``; none staged:
+        they moved apart) into their slots and back."""
         if not self.table_reads:
-            self._pass(ids, states, seg, logits=False, seg=seg, sources=sources)
-            if sources:
-                slots.move(self, self._rows_for(ids.shape[0], seg), into=False)
+            self._pass(ids, states, seg, logits=False, seg=seg)
             return
         r = self._rows_for(ids.shape[0], seg, read=True)
         if len(states) != r.sessions:
@@ -352,7 +351,7 @@ class FastForward:
         slots.move(self, r, into=False)
 
     def _pass(self, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool,
-              seg: int | None = None, sources: Sequence[int] = ()) -> torch.Tensor | None:
+              seg: int | None = None) -> torch.Tensor | None:
         """One forward of ``ids`` (a captured row count: one session's, or ``seg`` rows, ``grid`` by
         default, for each of ``states``, the first ``real`` of each session's rows real) at each
         state's length, on the static conv and recurrent slots. Returns logits of the last real row
@@ -363,9 +362,7 @@ class FastForward:
         starts = [s.length for s in states]
         for s in states:
             s.reserve(s.length + r.seg)
-        r.stage(ids, starts, real, sources=sources)
-        if sources:
-            slots.move(self, r, into=True)
+        r.stage(ids, starts, real)
         stop_early = not logits and self.read_stops_early
         for j in range(self.n_attn):
             self._run(r, j)
@@ -403,7 +400,8 @@ class FastForward:
         states = [state for _, state in chunks]
         if len({id(s) for s in states}) != b:
             raise ValueError("a session appears twice in one batch")
-        sources = slots.sources(self, states)
+        # the piecewise path (no table reads) holds no slot copies of its own: its states move apart
+        sources = slots.sources(self, states) if self.table_reads else []
         if not sources:
             for slot, state in enumerate(states):
                 slots.copy(self, state, slot, into_slot=True)

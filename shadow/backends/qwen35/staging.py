@@ -5,12 +5,12 @@ A pass of ``n`` rows holds ``sessions`` sessions of ``seg`` rows each: a fork's 
 session of ``n`` rows, a batched read ``n / grid`` sessions of ``grid`` rows. Its inputs are
 ``[ids (n) | start of each session | valid | table | state addresses]`` in one device tensor,
 written by one copy from pinned host memory, so they change with no new capture and no fill
-launches. ``valid`` counts the
-real rows of each session (a fork's padding comes after them; a read has none). A read's pass,
-captured whole, also takes the table its attention reads (``attention.attend_table``): a row per
-attention layer and grid chunk, each chunk's start and split rule and its session's KV addresses.
-A read also stages where each session's conv and recurrent state lie (``slot_sources``), so that one
-launch a kind moves them into the static slots and one moves them back (``kernels.copy_slots``).
+launches. ``valid`` counts the real rows of each session (a fork's padding comes after them; a read
+has none). A read's pass, captured whole, also takes the table its attention reads
+(``attention.attend_table``): a row per attention layer and grid chunk, each chunk's start and
+split rule and its session's KV addresses; and where each session's conv and recurrent state lie
+(``slot_sources``), so that one launch a kind in its graph moves them into the static slots and one
+moves them back (``kernels.copy_slots``; zeros: nothing to move).
 """
 
 from __future__ import annotations
@@ -110,12 +110,12 @@ class Rows:
             raise ValueError(f"a pass of {n} rows takes a table of {end - n - s - 1} numbers, got {len(table)}")
         if sources and len(sources) != 2 * s:
             raise ValueError(f"a pass of {s} sessions takes {2 * s} state addresses, got {len(sources)}")
-        tail = list(table) + (list(sources) or [0] * (2 * s))
         if not self.staging:  # off CUDA: the copy is synchronous
             self.io[:n].copy_(ids)
             self.io[n:n + s] = torch.tensor(list(starts), dtype=torch.long)
             self.io[n + s] = valid
-            self.io[n + s + 1:] = torch.tensor(tail, dtype=torch.long)
+            self.io[n + s + 1:end] = torch.tensor(list(table), dtype=torch.long)
+            self.io[end:] = torch.tensor(list(sources) or [0] * (2 * s), dtype=torch.long)
             return
         slot = self.turn % len(self.staging)
         self.turn += 1
@@ -124,7 +124,8 @@ class Rows:
         view = host.numpy()
         view[n:n + s] = starts
         view[n + s] = valid
-        view[n + s + 1:] = tail
+        view[n + s + 1:end] = table
+        view[end:] = sources or 0
         if ids.is_cuda:
             self.io[:n].copy_(ids)
             self.io[n:].copy_(host[n:], non_blocking=True)
