@@ -82,7 +82,7 @@ def _case(model: Qwen35, forms: dict[str, FastForward], batch: int, group: str, 
                 host[name].append((t1 - t0) * 1e3)
                 wall[name].append((t2 - t0) * 1e3)
         at += passes
-    equal = all(same_state(a, b) for a, b in zip(*states.values(), strict=True))
+    equal = all(same_state(each[0], other) for each in zip(*states.values(), strict=True) for other in each[1:])
     return {"batch": batch, "group": group, "depths": depths, "equal": equal,
             **{f"{name}_wall_ms": statistics.median(wall[name]) for name in forms},
             **{f"{name}_host_ms": statistics.median(host[name]) for name in forms},
