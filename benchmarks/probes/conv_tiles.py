@@ -105,6 +105,15 @@ def _us(fn: Any) -> float:
     return device_ms_per_call(captured(fn).replay) * 1000
 
 
+def _run(fn: Any, proj: torch.Tensor, state0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``fn(proj, state, out)`` on a copy of ``state0``: its output, its moved state, and us a call."""
+    state, out = state0.clone(), torch.empty(proj.shape[0] * CONV, device="cuda", dtype=DT)
+    call = functools.partial(fn, proj, state, out)
+    call()
+    got = (out.clone(), state.clone())
+    return got[0], got[1], _us(call)
+
+
 def _session_out(out: torch.Tensor, n: int, b: int) -> torch.Tensor:
     """Session b's rows of an output laid out [q (n*KD) | k (n*KD) | v (n*VD)]."""
     vd = CONV - 2 * KEY_DIM
@@ -126,13 +135,7 @@ def main() -> None:
         proj = _randn(n, CONV + 2048 + 32, seed=4)
         state0 = _randn(sessions, CONV, 4, seed=5)
 
-        def run(fn: Any) -> tuple[torch.Tensor, torch.Tensor, float]:
-            state, out = state0.clone(), torch.empty(n * CONV, device="cuda", dtype=DT)
-            call = functools.partial(fn, proj, state, out)
-            call()
-            got = (out.clone(), state.clone())
-            return got[0], got[1], _us(call)
-
+        run = functools.partial(_run, proj=proj, state0=state0)
         ship_out, ship_state, ship_us = run(lambda p, s, o: kernels.conv_silu(p, s, weight, KEY_DIM, HEAD, valid, o))
         rows.append({"sessions": sessions, "form": "shipped", "us": ship_us})
         for block_t in (16, 32, 64):
