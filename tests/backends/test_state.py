@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from array import array
 
+import pytest
 import torch
 
 from shadow.backends.qwen35 import KV_STEP, ModelState
@@ -29,7 +30,6 @@ def test_reserve_keeps_held_rows_and_leaves_the_rest_unwritten() -> None:
 def test_a_sessions_bytes_count_every_tensor_it_holds_checkpoints_included(checkpoint) -> None:
     """``SessionTensors.nbytes`` counts a checkpoint as a copy of the conv and recurrent state: the
     same as summing every tensor, and a parked file whose checkpoint has another shape is refused."""
-    import pytest
 
     from shadow.backends.qwen35 import Qwen35
     from shadow.backends.reader import TorchReader
@@ -60,3 +60,39 @@ def test_a_sessions_bytes_count_every_tensor_it_holds_checkpoints_included(check
     data["checkpoint.64.recurrent.0"] = data["checkpoint.64.recurrent.0"][:1]
     with pytest.raises(ValueError, match=r"checkpoint\.64\.recurrent\.0 has shape"):
         reader.deserialise(book, data)
+
+
+def test_a_reads_table_is_each_chunks_row_and_follows_grown_buffers() -> None:
+    """``read_table`` keeps each session's checked KV addresses between passes (``ModelState.memo``):
+    its rows are ``attention.table_row``'s for every layer, session and chunk, in that order, and
+    when ``reserve`` replaces the buffers the next table points at the new ones and the memo lets
+    the old ones go."""
+    import gc
+    import weakref
+
+    from shadow.backends.qwen35 import attention
+    from shadow.backends.qwen35.staging import read_table
+
+    cfg = Qwen35Config.from_dict(demo_text_config())
+    heads, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+    grid, layers = 64, len(cfg.full_layers)
+    states = [ModelState.empty(cfg, "cpu", torch.float32) for _ in range(3)]
+    for s, depth in zip(states, (0, 128, 4096), strict=True):
+        s.reserve(depth + 2 * grid)
+        s.length = depth
+
+    def by_rows(seg: int) -> list[int]:
+        return [x for i in range(layers) for s in states for at in range(s.length, s.length + seg, grid)
+                for x in attention.table_row(at, grid, heads, s.k[i], s.v[i])]
+
+    for seg in (grid, 2 * grid):
+        assert read_table(states, [s.length for s in states], seg, grid, layers, heads, kvh) == by_rows(seg)
+    old = weakref.ref(states[2].k[0])
+    states[2].length = KV_STEP - grid
+    states[2].reserve(KV_STEP + grid)  # grown: new buffers at new addresses
+    gc.collect()
+    assert old() is None, "the memo still holds a buffer its state dropped"
+    assert read_table(states, [s.length for s in states], grid, grid, layers, heads, kvh) == by_rows(grid)
+    states[1].length = states[1].capacity  # a state whose buffers are short of its chunk is refused
+    with pytest.raises(ValueError, match="KV buffers hold"):
+        read_table(states, [s.length for s in states], grid, grid, layers, heads, kvh)

@@ -300,13 +300,24 @@ MERGE_BM = 16
 def table_row(start: int, n: int, heads: int, keys: torch.Tensor, values: torch.Tensor) -> list[int]:
     """An entry's row: a chunk of ``n`` rows at ``start`` over ``keys``/``values`` (``[>= start + n,
     KV, D]``, rows first and contiguous), with the split rule ``attend`` applies at that depth."""
+    check_kv(keys, values, start + n)
+    return [*split_fields(start, n, heads, keys.shape[1]), keys.data_ptr(), values.data_ptr()]
+
+
+def check_kv(keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
+    """What a table entry needs of its KV buffers: contiguous, on 16 bytes, at least ``rows`` rows."""
     kv, d = keys.shape[1], keys.shape[2]
     for t in (keys, values):
-        if not t.is_contiguous() or t.data_ptr() % 16 or t.shape[0] < start + n:
-            raise ValueError(f"a table entry needs contiguous KV rows [>= {start + n}, {kv}, {d}] on 16 bytes, "
+        if not t.is_contiguous() or t.data_ptr() % 16 or t.shape[0] < rows:
+            raise ValueError(f"a table entry needs contiguous KV rows [>= {rows}, {kv}, {d}] on 16 bytes, "
                              f"got {list(t.shape)} with strides {t.stride()} at {t.data_ptr() % 16} past 16")
-    step = split_len(n * (heads // kv), kv, start + n)
-    return [start, step, triton.cdiv(start + n, step), keys.data_ptr(), values.data_ptr()]
+
+
+@functools.lru_cache(maxsize=4096)
+def split_fields(start: int, n: int, heads: int, kv_heads: int) -> tuple[int, int, int]:
+    """An entry's (start, split length, splits): ``attend``'s rule for a chunk of ``n`` rows at ``start``."""
+    step = split_len(n * (heads // kv_heads), kv_heads, start + n)
+    return start, step, -(-(start + n) // step)
 
 
 def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, tma: bool = TMA) -> None:

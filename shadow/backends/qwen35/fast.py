@@ -77,7 +77,7 @@ from .fork import Fork
 from .gdn import gated_delta_rule_chunked
 from .merged import FullW, GdnW, merge, one_plus
 from .model import Qwen35
-from .staging import Rows
+from .staging import Rows, read_table
 from .state import ModelState
 
 # Fork pass sizes below the grid (the grid itself is one too): above 64 rows a question pads by at
@@ -323,12 +323,10 @@ class FastForward:
         if len(states) != r.sessions:
             raise ValueError(f"{r.n} rows are {r.sessions} sessions' passes, got {len(states)} sessions")
         starts = [s.length for s in states]
-        table: list[int] = []
         for s in states:
             s.reserve(s.length + seg)
-        for i in range(self.n_attn):  # a row a chunk, at its own start (host time the device waits for)
-            table += [x for s, start in zip(states, starts, strict=True) for at in range(start, start + seg, self.grid)
-                      for x in attention.table_row(at, self.grid, self.cfg.num_attention_heads, s.k[i], s.v[i])]
+        table = read_table(states, starts, seg, self.grid, self.n_attn, self.cfg.num_attention_heads,
+                           self.cfg.num_key_value_heads)
         r.stage(ids, starts, seg, table, sources)
         if r.whole is not None:
             r.whole.replay()
@@ -437,3 +435,4 @@ class FastForward:
     def report(self) -> dict[str, Any]:
         """What the fast path holds beside the sessions, shared by all of them."""
         return graphs.report(self)
+

@@ -14,6 +14,7 @@ time, around the pass, whose own copies then find no address staged and leave th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -28,11 +29,12 @@ if TYPE_CHECKING:
 def sources(fast: FastForward, states: Sequence[ModelState]) -> list[int]:
     """The addresses of the states' stacked conv tensors, then of their recurrent ones; empty when any
     state is not stacked as the slots want it (then each moves by ``copy``)."""
-    convs = [stacked(s.conv) for s in states]
-    recs = [stacked(s.recurrent) for s in states]
+    convs = [s.memo("conv", s.conv, functools.partial(stacked, s.conv)) for s in states]
+    recs = [s.memo("recurrent", s.recurrent, functools.partial(stacked, s.recurrent)) for s in states]
     for bases, static in ((convs, fast.conv_all), (recs, fast.rec_all)):
+        want = static.shape[:1] + static.shape[2:]  # a slot's shape
         for base in bases:
-            if base is None or base.dtype != static.dtype or base.shape != static[:, 0].shape:
+            if base is None or base.dtype != static.dtype or base.shape != want:
                 return []
     return [t.data_ptr() for t in convs + recs if t is not None]
 

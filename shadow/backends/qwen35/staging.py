@@ -15,11 +15,15 @@ moves them back (``kernels.copy_slots``; zeros: nothing to move).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from . import attention
+from .state import ModelState
 
 # Host staging slots per row count: the host may queue this many passes (a fork's decode) before it
 # waits for the oldest one's inputs to have reached the device.
@@ -145,3 +149,34 @@ def stacked(views: Sequence[torch.Tensor]) -> torch.Tensor | None:
         if v.data_ptr() != base.data_ptr() + i * step or v.shape != base.shape[1:]:
             return None
     return base
+
+
+def read_table(states: Sequence[ModelState], starts: Sequence[int], seg: int, grid: int, layers: int, heads: int,
+               kv_heads: int) -> list[int]:
+    """A read's attention table (``attention.attend_table``), flattened: a row per attention layer
+    and grid chunk, each at its own start. Host time the device waits for, so what does not change
+    from one pass to the next (a session's KV addresses, checked) is kept with the session
+    (``ModelState.memo``): 0.35 -> 0.07 ms of host code a pass of 8 sessions on a CPU
+    (``benchmarks/probes/read_host.py``), with the slots' addresses kept likewise."""
+    chunks = [[attention.split_fields(at, grid, heads, kv_heads) for at in range(start, start + seg, grid)]
+              for start in starts]
+    held = [s.memo("kv", s.k + s.v, functools.partial(_kv_addresses, s)) for s in states]
+    for (rows, _), start in zip(held, starts, strict=True):
+        if rows < start + seg:  # reserve makes room first: a buffer short of it is a broken state
+            raise ValueError(f"a session's KV buffers hold {rows} rows, its chunk needs {start + seg}")
+    table: list[int] = []
+    for i in range(layers):
+        for (_, addresses), fields in zip(held, chunks, strict=True):
+            for f in fields:
+                table += f
+                table += addresses[i]
+    return table
+
+
+def _kv_addresses(state: ModelState) -> tuple[int, list[tuple[int, int]]]:
+    """The rows every KV buffer of ``state`` holds, and each layer's (K, V) addresses, checked as a
+    table entry needs them."""
+    for k, v in zip(state.k, state.v, strict=True):
+        attention.check_kv(k, v, 0)
+    pairs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(state.k, state.v, strict=True)]
+    return min(t.shape[0] for t in state.k + state.v), pairs

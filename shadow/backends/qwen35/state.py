@@ -11,13 +11,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
 from .config import Qwen35Config
 
 KV_STEP = 8192
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -30,6 +34,24 @@ class ModelState:
     v: list[torch.Tensor] = field(default_factory=list)
     conv: list[torch.Tensor] = field(default_factory=list)
     recurrent: list[torch.Tensor] = field(default_factory=list)
+    # What the fast path derives from these tensors (their stacked bases, their addresses checked),
+    # with the tensors it was derived from: valid while each is still the same object (``memo``).
+    derived: dict[str, tuple[tuple[torch.Tensor, ...], Any]] = field(default_factory=dict, repr=False,
+                                                                     compare=False)
+
+    def memo(self, key: str, tensors: Sequence[torch.Tensor], derive: Callable[[], T]) -> T:
+        """``derive()``, computed again only when some tensor of ``tensors`` was replaced since (a
+        buffer grown, a list rebuilt): a read's pass asks per session what would otherwise cost the
+        host tens of microseconds a pass. The memo holds the tensors, so none of their ids is reused
+        while it lives; it goes with the state."""
+        hit = self.derived.get(key)
+        if hit is not None and len(hit[0]) == len(tensors) \
+                and all(a is b for a, b in zip(hit[0], tensors, strict=True)):
+            value: T = hit[1]
+            return value
+        value = derive()
+        self.derived[key] = (tuple(tensors), value)
+        return value
 
     @classmethod
     def empty(cls, cfg: Qwen35Config, device: torch.device | str, dtype: torch.dtype) -> ModelState:
@@ -57,6 +79,7 @@ class ModelState:
             return
         new_cap = -(-rows // KV_STEP) * KV_STEP
         held = self.length
+        self.derived.clear()  # the memo holds the old buffers: they must go when these do
         for buffers in (self.k, self.v):
             for i, old in enumerate(buffers):
                 grown = torch.empty(new_cap, *old.shape[1:], device=old.device, dtype=old.dtype)
