@@ -70,6 +70,7 @@ def main() -> None:
     out = {"probe": "read_host", **environment(), "device": "cpu (host code only)", "passes": args.passes,
            "rows": rows}
     path = Path(args.out) / "read_host.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("->", path)
 
