@@ -435,4 +435,3 @@ class FastForward:
     def report(self) -> dict[str, Any]:
         """What the fast path holds beside the sessions, shared by all of them."""
         return graphs.report(self)
-

@@ -156,7 +156,7 @@ def read_table(states: Sequence[ModelState], starts: Sequence[int], seg: int, gr
     """A read's attention table (``attention.attend_table``), flattened: a row per attention layer
     and grid chunk, each at its own start. Host time the device waits for, so what does not change
     from one pass to the next (a session's KV addresses, checked) is kept with the session
-    (``ModelState.memo``): 0.35 -> 0.07 ms of host code a pass of 8 sessions on a CPU
+    (``ModelState.memo``): 0.35 -> 0.08 ms of host code a pass of 8 sessions on a CPU
     (``benchmarks/probes/read_host.py``), with the slots' addresses kept likewise."""
     chunks = [[attention.split_fields(at, grid, heads, kv_heads) for at in range(start, start + seg, grid)]
               for start in starts]
