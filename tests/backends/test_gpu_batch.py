@@ -161,30 +161,3 @@ def test_a_real_session_read_in_spans_equals_one_chunk_a_pass(shared_data, check
         fast.read_chunk(ids[c * GRID:(c + 1) * GRID], alone)
     assert graphs.same_state(spanned, alone)
 
-
-def test_dependent_launches_change_no_bit(checkpoint, monkeypatch):
-    """``kernels.PDL``: a kernel launched to start behind the one before waits for it before it reads
-    anything, so the launch mode moves start times, never a bit. Sessions at mixed depths read in
-    batches of 8 and alone, one FastForward captured in each mode, end equal (``torch.equal``)."""
-    from shadow.backends.qwen35 import graphs, kernels
-    from shadow.backends.qwen35.fast import FastForward
-
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("programmatic dependent launch needs a Hopper GPU or later")
-    model = Qwen35.from_pretrained(checkpoint, device="cuda", dtype="bfloat16")
-    gen = torch.Generator().manual_seed(18)
-    chunks = [torch.randint(0, model.config.vocab_size, (GRID,), generator=gen) for _ in range(6)]
-    ends = {}
-    for mode in (0, 2):
-        monkeypatch.setattr(kernels, "PDL", mode)
-        fast = FastForward(model, GRID, batches=(1, 8))
-        fast.warm_up()
-        states = [model.new_state() for _ in range(8)]
-        for b, s in enumerate(states):  # depths 0 to 3 chunks
-            for c in range(b % 4):
-                fast.read_chunk(chunks[c], s)
-        for c in range(2):
-            fast.read_chunks([(chunks[(b + c) % len(chunks)], s) for b, s in enumerate(states)])
-            fast.read_chunk(chunks[c], states[0])
-        ends[mode] = states
-    assert all(graphs.same_state(a, b) for a, b in zip(ends[0], ends[2], strict=True))

@@ -38,8 +38,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .kernels import dependent_start, pdl
-
 LOG2E = 1.4426950408889634
 
 
@@ -68,8 +66,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
                  max_splits, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                  rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr,
-                 TABLE: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+                 TABLE: tl.constexpr):
     pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kd = k_desc
     vd = v_desc
@@ -156,8 +153,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
 
 @triton.jit
 def _merge_kernel(part_ptr, lse_ptr, o_ptr, tab_ptr, n, splits, max_splits, rows_total, stride_ot, stride_oh,
-                  G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, TABLE: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+                  G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, TABLE: tl.constexpr):
     pid_m, h = tl.program_id(0), tl.program_id(1)
     heads = tl.num_programs(1)
     if TABLE:  # program axis 2 is the entry; one that did not split wrote its rows itself
@@ -280,14 +276,14 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     descs = (k_desc, v_desc) if use_tma else (keys, values)
     if splits == 1:
         return _attn_kernel[grid](q, keys, values, *descs, out, out, out, out, start, n, end, step, 1, *common,
-                                  SPLIT=False, TABLE=False, **shapes, **pdl())
+                                  SPLIT=False, TABLE=False, **shapes)
     part = torch.empty(splits * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
     kernel = _attn_kernel[grid](q, keys, values, *descs, out, part, lse, out, start, n, end, step, 1, *common,
-                                SPLIT=True, TABLE=False, **shapes, **pdl())
+                                SPLIT=True, TABLE=False, **shapes)
     _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv)](part, lse, out, out, n, splits, 1, rows_total,
                                                          out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
-                                                         TABLE=False, num_warps=4, **pdl())
+                                                         TABLE=False, num_warps=4)
     return kernel
 
 
@@ -342,16 +338,15 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
         q, like, like, like, like, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0),
         like.stride(1), like.stride(0), like.stride(1), out.stride(0), out.stride(1), rows_total, d ** -0.5 * LOG2E,
         G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
-        num_stages=STAGES, **pdl())
+        num_stages=STAGES)
     if most > 1:
         _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, entries)](
             part, lse, out, table, n, 0, most, rows_total, out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
-            TABLE=True, num_warps=4, **pdl())
+            TABLE=True, num_warps=4)
 
 
 @triton.jit
-def _write_rows_kernel(k_src, v_src, tab_ptr, n, W: tl.constexpr, BR: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+def _write_rows_kernel(k_src, v_src, tab_ptr, n, W: tl.constexpr, BR: tl.constexpr):
     e, blk = tl.program_id(0), tl.program_id(1)
     row = tab_ptr + e * 5
     start = tl.load(row)
@@ -376,7 +371,7 @@ def write_rows(keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor) ->
     if not (keys.is_contiguous() and values.is_contiguous()) or width != triton.next_power_of_2(width):
         raise ValueError(f"write_rows takes contiguous rows of a power-of-two width, got {list(keys.shape)}")
     br = 16
-    _write_rows_kernel[(entries, triton.cdiv(n, br))](keys, values, table, n, W=width, BR=br, num_warps=4, **pdl())
+    _write_rows_kernel[(entries, triton.cdiv(n, br))](keys, values, table, n, W=width, BR=br, num_warps=4)
 
 
 _scratch_set = False

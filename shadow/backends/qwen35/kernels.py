@@ -14,10 +14,6 @@ number of real rows: rows at or above it are padding that must leave the recurre
 
 from __future__ import annotations
 
-import functools
-import os
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
@@ -34,44 +30,12 @@ ROWS = 1 if torch.cuda.is_available() else 16
 HEAD_ROWS = 4 if torch.cuda.is_available() else 16
 
 
-# Programmatic dependent launch (Hopper on): a kernel launched so may be scheduled while the one before
-# it still runs, and its first act is to wait (``gdc_wait``) until that kernel has finished and its
-# writes are visible. Nothing it reads can change under it and its arithmetic is untouched (the same
-# bits in every mode); what it buys is the launch's latency, spent behind the kernel before instead of
-# between the two. 0: off; 1: wait; 2: wait, then let the next kernel launch at once
-# (``gdc_launch_dependents``). Read at launch (so at capture). Off: on an H200 no mode moved a pass
-# by more than 2 % either way (``benchmarks/probes/pdl_ab.py``; fla's and cuBLAS's launches, most of
-# a pass's, stay plain); the GPU tests hold the bits equal in every mode.
-PDL = 0
-
-
-@functools.cache
-def _pdl_capable() -> bool:
-    return (os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability()[0] >= 9)
-
-
-def pdl() -> dict[str, Any]:
-    """The launch options of a kernel that starts with ``dependent_start``."""
-    mode = PDL if _pdl_capable() else 0
-    return {"PDL": mode, "launch_pdl": True} if mode else {"PDL": 0}
-
-
-@triton.jit
-def dependent_start(PDL: tl.constexpr):
-    if PDL >= 1:
-        tl.extra.cuda.gdc_wait()
-    if PDL >= 2:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
 # ---- RMSNorm (Qwen3.5's 1 + w form), optionally after the residual add -------------------------
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, R, D, stride_x, stride_delta, stride_out, eps,
-                     ADD: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+                     ADD: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     cols = tl.arange(0, BLOCK)[None, :]
     m = (row < R) & (cols < D)
@@ -93,16 +57,14 @@ def rms_norm(x: torch.Tensor, w1p: torch.Tensor, eps: float, out: torch.Tensor,
     delta = x if add is None else add
     _rms_norm_kernel[(triton.cdiv(rows, ROWS),)](x, delta, w1p, out, rows, d, x.stride(0), delta.stride(0),
                                                  out.stride(0), eps, ADD=add is not None, ROWS=ROWS,
-                                                 BLOCK=_pow2(d), num_warps=4, **pdl())
+                                                 BLOCK=_pow2(d), num_warps=4)
 
 
 # ---- MLP: silu(gate) * up ------------------------------------------------------------------
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, R, inter, stride_gu, stride_out, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
-    dependent_start(PDL)
+def _silu_mul_kernel(gu_ptr, out_ptr, R, inter, stride_gu, stride_out, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     cols = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]
     m = (row < R) & (cols < inter)
@@ -116,7 +78,7 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
     rows, inter = out.shape
     block = 1024
     _silu_mul_kernel[(triton.cdiv(rows, ROWS), triton.cdiv(inter, block))](
-        gate_up, out, rows, inter, gate_up.stride(0), out.stride(0), ROWS=ROWS, BLOCK=block, num_warps=4, **pdl())
+        gate_up, out, rows, inter, gate_up.stride(0), out.stride(0), ROWS=ROWS, BLOCK=block, num_warps=4)
 
 
 # ---- full attention: q/k norm and partial RoPE; the output gate --------------------------------
@@ -125,8 +87,7 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
 @triton.jit
 def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_ptr, k_ptr, v_ptr, R, SEG,
                          stride_proj, H, KVH, HD, RD, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                         ROT: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+                         ROT: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     head = tl.program_id(1)  # [0, H) queries, [H, H + KVH) keys, [H + KVH, H + 2 KVH) values
     cols = tl.arange(0, BLOCK)[None, :]
@@ -180,13 +141,11 @@ def qk_norm_rope(proj: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor,
     rd = 2 * inv_freq.shape[0]
     _qk_norm_rope_kernel[(triton.cdiv(rows, HEAD_ROWS), heads + 2 * kvh)](
         proj, q_norm, k_norm, inv_freq, start, q, k, v, rows, seg or rows, proj.stride(0), heads, kvh, hd,
-        rd, eps, ROWS=HEAD_ROWS, BLOCK=_pow2(hd), ROT=_pow2(rd), num_warps=4, **pdl())
+        rd, eps, ROWS=HEAD_ROWS, BLOCK=_pow2(hd), ROT=_pow2(rd), num_warps=4)
 
 
 @triton.jit
-def _gate_kernel(attn_ptr, proj_ptr, out_ptr, R, stride_proj, H, HD, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-                 PDL: tl.constexpr):
-    dependent_start(PDL)
+def _gate_kernel(attn_ptr, proj_ptr, out_ptr, R, stride_proj, H, HD, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK)[None, :]
@@ -200,7 +159,7 @@ def output_gate(attn: torch.Tensor, proj: torch.Tensor, out: torch.Tensor) -> No
     """``out = attn * sigmoid(gate)``, attn and out [n, H, hd] contiguous, gate read from ``proj``."""
     rows, heads, hd = attn.shape
     _gate_kernel[(triton.cdiv(rows, HEAD_ROWS), heads)](attn, proj, out, rows, proj.stride(0), heads, hd,
-                                                        ROWS=HEAD_ROWS, BLOCK=_pow2(hd), num_warps=4, **pdl())
+                                                        ROWS=HEAD_ROWS, BLOCK=_pow2(hd), num_warps=4)
 
 
 # ---- Gated DeltaNet: conv + SiLU with its state, the gates, the gated output norm ---------------
@@ -218,8 +177,7 @@ def _held_or_new(proj_ptr, state_ptr, c, mc, r, stride_proj, KERNEL: tl.constexp
 
 @triton.jit
 def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, SEG, C, KD, stride_proj, stride_state,
-                      KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, HEAD: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+                      KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, HEAD: tl.constexpr):
     # One program: one head's channels over BLOCK_T rows of one session, walked in order with the
     # last KERNEL - 1 rows held in registers, so each row is loaded once (the unrolled loads do not
     # depend on one another and issue together). Rows are sessions of SEG rows, each after its own
@@ -290,7 +248,7 @@ def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key
         raise ValueError(f"{n} rows are not {sessions} sessions of whole {block_t}-row blocks")
     _conv_silu_kernel[(sessions * triton.cdiv(seg, block_t), c // head)](
         proj, state, weight, out, valid, n, triton.cdiv(seg, block_t) * block_t, c, key_dim, proj.stride(0),
-        state.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head, num_warps=warps, **pdl())
+        state.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head, num_warps=warps)
 
 
 # fla's chunked GDN kernels take the gate as a running sum within each 64-row chunk, in log2 units
@@ -299,8 +257,7 @@ FLA_CHUNK = 64
 
 @triton.jit
 def _gates_kernel(proj_ptr, neg_a_ptr, dt_bias_ptr, valid_ptr, g_ptr, beta_ptr, R, SEG, stride_proj, b_off, a_off,
-                  HV, ROWS: tl.constexpr, BLOCK: tl.constexpr, CUMSUM: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+                  HV, ROWS: tl.constexpr, BLOCK: tl.constexpr, CUMSUM: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     h = tl.arange(0, BLOCK)[None, :]
     m = (row < R) & (h < HV)
@@ -330,13 +287,12 @@ def gates(proj: torch.Tensor, b_off: int, a_off: int, neg_a: torch.Tensor, dt_bi
     per = FLA_CHUNK if chunk_sums else 16
     _gates_kernel[(triton.cdiv(rows, per),)](proj, neg_a, dt_bias, valid, g, beta, rows, seg or rows,
                                              proj.stride(0), b_off, a_off, hv, ROWS=per, BLOCK=_pow2(hv),
-                                             CUMSUM=chunk_sums, num_warps=1 if not chunk_sums else 2, **pdl())
+                                             CUMSUM=chunk_sums, num_warps=1 if not chunk_sums else 2)
 
 
 @triton.jit
 def _gated_norm_kernel(o_ptr, proj_ptr, w_ptr, out_ptr, R, stride_proj, z_off, HV, DV, eps, ROWS: tl.constexpr,
-                       BLOCK: tl.constexpr, PDL: tl.constexpr):
-    dependent_start(PDL)
+                       BLOCK: tl.constexpr):
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS))[:, None]
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK)[None, :]
@@ -353,17 +309,14 @@ def gated_norm(o: torch.Tensor, proj: torch.Tensor, z_off: int, weight: torch.Te
     """The GDN output norm: ``rmsnorm(o) * w * silu(z)`` per value head; o [n, HV, dv], out [n, HV*dv]."""
     rows, hv, dv = o.shape
     _gated_norm_kernel[(triton.cdiv(rows, HEAD_ROWS), hv)](o, proj, weight, out, rows, proj.stride(0), z_off, hv,
-                                                           dv, eps, ROWS=HEAD_ROWS, BLOCK=_pow2(dv), num_warps=4,
-                                                           **pdl())
+                                                           dv, eps, ROWS=HEAD_ROWS, BLOCK=_pow2(dv), num_warps=4)
 
 
 # ---- sessions' states into the static slots and back -----------------------------------------
 
 
 @triton.jit
-def _copy_slots_kernel(sources_ptr, static_ptr, per_layer, layer_stride, INTO: tl.constexpr, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr):
-    dependent_start(PDL)
+def _copy_slots_kernel(sources_ptr, static_ptr, per_layer, layer_stride, INTO: tl.constexpr, BLOCK: tl.constexpr):
     b, layer, blk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     address = tl.load(sources_ptr + b)
     if address == 0:  # nothing staged: this session's state moves another way (or the pass is a capture's)
@@ -388,4 +341,4 @@ def copy_slots(static: torch.Tensor, sources: torch.Tensor, into: bool) -> None:
     layers, per_layer = static.shape[0], static[0, 0].numel()
     block = 4096
     _copy_slots_kernel[(sources.shape[0], layers, triton.cdiv(per_layer, block))](
-        sources, static, per_layer, static.stride(0), INTO=into, BLOCK=block, num_warps=4, **pdl())
+        sources, static, per_layer, static.stride(0), INTO=into, BLOCK=block, num_warps=4)
