@@ -22,7 +22,8 @@ Measured and not kept (``benchmarks/results/history/attention_triton_*.json``): 
 accumulator in two halves of the head dim, Triton's warp specialisation of the key loop, a lazy
 rescale (only when a row's maximum grew by 2^8), 64-row blocks two to an SM, other merge shapes,
 the query block through the copy engine (a 3-D descriptor reshaped to the packed rows: 26 spills,
-338 TFLOP/s at 32k against 514 on an H100, ``attention_triton_4be69bc-qtma.json``).
+338 TFLOP/s at 32k against 514 on an H100, ``attention_triton_4be69bc-qtma.json``), the probabilities'
+2^x on the FMA pipes for half the columns or all (469 and 431 against 521, in git at c59e315).
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
 3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
 """
@@ -42,34 +43,7 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _exp2_fma(x):
-    """2^x for x <= 0 (or -inf, which gives 0) on the FMA pipes instead of the special-function
-    unit: 2^floor(x) put into the exponent bits of a cubic's 2^frac(x) (relative error 9e-5, under
-    the bf16 rounding the probabilities take before the value product)."""
-    x = tl.maximum(x, -127.0)
-    whole = tl.floor(x)
-    f = x - whole
-    p = 1.0 + f * (0.695116336 + f * (0.227646999 + f * 0.0770652029))
-    bits = p.to(tl.int32, bitcast=True) + (whole.to(tl.int32) << 23)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2(x, BM: tl.constexpr, BN: tl.constexpr, EXP: tl.constexpr):
-    """The tile's 2^x: all on the special-function unit (EXP 0), half the columns on the FMA pipes
-    (1), or all of them there (2)."""
-    if EXP == 0:
-        return tl.math.exp2(x)
-    elif EXP == 2:
-        return _exp2_fma(x)
-    else:
-        a, b = tl.split(tl.reshape(x, [BM, BN // 2, 2]))
-        return tl.reshape(tl.join(tl.math.exp2(a), _exp2_fma(b)), [BM, BN])
-
-
-@triton.jit
-def _softmax_step(q, k, m_i, qk_scale, keep, MASKED: tl.constexpr, FOLD: tl.constexpr, BM: tl.constexpr,
-                  BN: tl.constexpr, EXP: tl.constexpr):
+def _softmax_step(q, k, m_i, qk_scale, keep, MASKED: tl.constexpr, FOLD: tl.constexpr):
     """One key tile's scores: the tile's probabilities (against the new running maximum), the
     factor that rescales what came before, and the new maximum (all in log2 units)."""
     qk = tl.dot(q, k)
@@ -84,7 +58,7 @@ def _softmax_step(q, k, m_i, qk_scale, keep, MASKED: tl.constexpr, FOLD: tl.cons
     if MASKED:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
     scaled = qk * qk_scale if FOLD else qk
-    p = _exp2(scaled - m_safe[:, None], BM, BN, EXP)
+    p = tl.math.exp2(scaled - m_safe[:, None])
     return p, tl.math.exp2(m_i - m_safe), m_new
 
 
@@ -93,7 +67,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
                  max_splits, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                  rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr,
-                 TABLE: tl.constexpr, EXP: tl.constexpr = 0):
+                 TABLE: tl.constexpr):
     pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kd = k_desc
     vd = v_desc
@@ -144,7 +118,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
         k = kd.load([kb, h * D]).T if TMA else tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh + d[:, None])
         if UPCAST:
             k = k.to(tl.float32)
-        p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, None, False, FOLD, BM, BN, EXP)
+        p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, None, False, FOLD)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = vd.load([kb, h * D]) if TMA else tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :])
@@ -159,7 +133,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
         if UPCAST:
             k = k.to(tl.float32)
         keep = col_ok[None, :] & (cols[None, :] <= pos[:, None])
-        p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, keep, True, FOLD, BM, BN, EXP)
+        p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, keep, True, FOLD)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :], mask=col_ok[:, None], other=0.0)
         if UPCAST:
@@ -225,7 +199,6 @@ MIN_SPLIT = 64 if UPCAST else 1024
 # K and V tiles through the copy engine (TMA); the scale folded into one multiply-add a score. Off,
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
 TMA, FOLD = True, True
-EXP = 0  # where the probabilities' 2^x run (``_exp2``): the special-function unit alone
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
 
 
@@ -279,7 +252,7 @@ def _descriptor(t: torch.Tensor, end: int, block: list[int]) -> TensorDescriptor
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT,
-           target: int | None = None, tma: bool = TMA, fold: bool = FOLD, exp: int = EXP) -> Any:
+           target: int | None = None, tma: bool = TMA, fold: bool = FOLD) -> Any:
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
     are not read). Returns the launched attention kernel (its registers and spills, for the probes)."""
@@ -299,8 +272,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     use_tma = k_desc is not None and v_desc is not None
     common = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
               out.stride(0), out.stride(1), rows_total, scale)
-    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold, "EXP": exp,
-              "num_warps": warps, "num_stages": stages}
+    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold, "num_warps": warps,
+              "num_stages": stages}
     descs = (k_desc, v_desc) if use_tma else (keys, values)
     if splits == 1:
         return _attn_kernel[grid](q, keys, values, *descs, out, out, out, out, start, n, end, step, 1, *common,
@@ -365,7 +338,7 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     _attn_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
         q, like, like, like, like, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0),
         like.stride(1), like.stride(0), like.stride(1), out.stride(0), out.stride(1), rows_total, d ** -0.5 * LOG2E,
-        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, EXP=EXP, SPLIT=False, TABLE=True, num_warps=WARPS,
+        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
         num_stages=STAGES)
     if most > 1:
         _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, entries)](
