@@ -117,9 +117,12 @@ def recurrent_step(
     return o[0], s[0]
 
 
+FUSED = False  # the state pass and the output in one kernel of ours (``gdn_fused``), not fla's two
+
+
 def chunk_rule_in_place(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_sums: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, a_work: torch.Tensor,
+    state: torch.Tensor, a_work: torch.Tensor, fused: bool | None = None,
 ) -> torch.Tensor:
     """What ``gated_delta_rule(..., normalized=True)`` computes, from fla's kernels called below its
     wrapper, so that a captured pass runs no fills and no copies: ``state`` [HV, K, V] fp32 is
@@ -133,7 +136,9 @@ def chunk_rule_in_place(
     own state: fla's batch axis. Its kernels index a program's sequence by the program id alone
     (``bos = i_b * T``), so one session's programs run the same compiled code on the same numbers
     whatever B is: batched equals alone by construction.
-    Tied to the fla version the ``gpu`` extra pins; the GPU tests compare it with the wrapper."""
+    ``fused`` (default ``FUSED``): fla's state and output kernels, or ``gdn_fused``'s one kernel in
+    their place. Tied to the fla version the ``gpu`` extra pins; the GPU tests compare it with the
+    wrapper."""
     import triton
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64 as state_kernel
     from fla.ops.common.chunk_o import chunk_fwd_o
@@ -156,6 +161,12 @@ def chunk_rule_in_place(
     solve_kernel[(nt, b * hv)](k=k1, g=g1, beta=b1, A=a1, cu_seqlens=None, chunk_indices=None, T=t, H=h,
                                HV=hv, K=dk, BT=chunk, BC=16)
     w, u = recompute_w_u_fwd(k=k1, v=v1, beta=b1, A=a1, g=g1)
+    if FUSED if fused is None else fused:
+        from . import gdn_fused
+
+        out = torch.empty_like(u)
+        gdn_fused.state_and_output(per_session(q), k1, u, w, g1, s1, out)
+        return out.view(b * t, hv, dv)
     hs = k1.new_empty(b, nt, hv, dk, dv)
     v_new = torch.empty_like(u)
 
