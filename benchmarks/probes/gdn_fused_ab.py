@@ -116,19 +116,23 @@ def main() -> None:
     ap.add_argument("--out", default=".")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 16], help="the layer's call at these B")
+    ap.add_argument("--layer-only", action="store_true", help="skip the whole passes")
     args = ap.parse_args()
     assert gdn_fla.available()
     out: dict[str, Any] = {"probe": "gdn_fused_ab", **environment(), "layer": [], "passes": []}
     path = Path(args.out) / "gdn_fused_ab.json"
-    for batch in (1, 8, 16):
+    for batch in args.batches:
         row = _layer(batch)
         out["layer"].append(row)
         print(json.dumps(row), flush=True)
         path.write_text(json.dumps(out, indent=1) + "\n")
+    if args.layer_only:
+        return
     model = random_08b()
     forms: dict[str, FastForward] = {}
     for name, fused in (("fla", False), ("fused", True)):
-        gdn_fla.FUSED = fused  # read when each graph is captured
+        gdn_fla.FUSED_FROM = 1 if fused else 10**9  # read when each graph is captured
         forms[name] = FastForward(model, GRID)
         forms[name].warm_up()
     out["refused"] = {name: dict(fast.refused) for name, fast in forms.items()}

@@ -51,10 +51,13 @@ def test_fla_path_same_inputs_same_bits():
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["fla", "fused"])
 @pytest.mark.parametrize(("length", "hv"), [(32, 16), (512, 16), (1000, 32)])
-def test_fla_below_its_wrapper_gives_the_wrappers_bits(length, hv):
+def test_fla_below_its_wrapper_gives_the_wrappers_bits(length, hv, fused):
     """The fast path's call below fla's wrapper (state moved on in place, a solve buffer reused
-    across calls) against the wrapper, fed the same chunk sums: the same bits, call after call."""
+    across calls), with fla's state and output kernels or ours fused in their place, against the
+    wrapper, fed the same chunk sums: the same bits, call after call (a ragged last chunk and value
+    heads sharing key heads included)."""
     from fla.ops.utils import chunk_local_cumsum
 
     from shadow.backends.qwen35 import gdn_fla
@@ -66,7 +69,7 @@ def test_fla_below_its_wrapper_gives_the_wrappers_bits(length, hv):
         o_want, s_want = gdn_fla.gated_delta_rule(q, k, v, g, beta, s0, normalized=True)
         sums = chunk_local_cumsum(g[None], chunk_size=64, scale=1.4426950408889634)[0]
         state = s0.clone()
-        o = gdn_fla.chunk_rule_in_place(q, k, v, sums, beta, state, solve)
+        o = gdn_fla.chunk_rule_in_place(q, k, v, sums, beta, state, solve, fused=fused)
         assert torch.equal(o, o_want) and torch.equal(state, s_want)
 
 

@@ -117,7 +117,12 @@ def recurrent_step(
     return o[0], s[0]
 
 
-FUSED = False  # the state pass and the output in one kernel of ours (``gdn_fused``), not fla's two
+# From this many sessions a pass, the state pass and the output run as one kernel of ours
+# (``gdn_fused``) instead of fla's two: the same bits (``torch.equal`` on the H200 at 1, 8 and 16
+# sessions, whole passes too), a layer's call 157 -> 130 us at 8 sessions and 294 -> 248 at 16, but
+# 38 -> 45 at one, where fla's output kernel spreads over the chunks and ours walks them in order
+# (``benchmarks/probes/gdn_fused_ab.py``).
+FUSED_FROM = 4
 
 
 def chunk_rule_in_place(
@@ -136,9 +141,9 @@ def chunk_rule_in_place(
     own state: fla's batch axis. Its kernels index a program's sequence by the program id alone
     (``bos = i_b * T``), so one session's programs run the same compiled code on the same numbers
     whatever B is: batched equals alone by construction.
-    ``fused`` (default ``FUSED``): fla's state and output kernels, or ``gdn_fused``'s one kernel in
-    their place. Tied to the fla version the ``gpu`` extra pins; the GPU tests compare it with the
-    wrapper."""
+    ``fused``: fla's state and output kernels, or ``gdn_fused``'s one kernel in their place (by
+    default from ``FUSED_FROM`` sessions). Tied to the fla version the ``gpu`` extra pins; the GPU
+    tests compare both forms with the wrapper."""
     import triton
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64 as state_kernel
     from fla.ops.common.chunk_o import chunk_fwd_o
@@ -161,7 +166,7 @@ def chunk_rule_in_place(
     solve_kernel[(nt, b * hv)](k=k1, g=g1, beta=b1, A=a1, cu_seqlens=None, chunk_indices=None, T=t, H=h,
                                HV=hv, K=dk, BT=chunk, BC=16)
     w, u = recompute_w_u_fwd(k=k1, v=v1, beta=b1, A=a1, g=g1)
-    if FUSED if fused is None else fused:
+    if (b >= FUSED_FROM) if fused is None else fused:
         from . import gdn_fused
 
         out = torch.empty_like(u)
