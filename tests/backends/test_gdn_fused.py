@@ -82,3 +82,15 @@ def test_the_torch_form_is_the_rule_given_fla_s_w_and_u():
                                       sums.T[None], s0[None])
     torch.testing.assert_close(o[0], o_want.float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s[0], s_want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_fast_path_takes_the_fused_kernel_where_measured_and_where_written_for():
+    """From ``FUSED_FROM`` sessions at Qwen3.5's head dims; fla's kernels for one session (faster
+    there) and for head dims the kernel is not written for (the tests' tiny models: at 3d23cc0 the
+    fused form was taken for them and refused them, failing four GPU tests)."""
+    from shadow.backends.qwen35.gdn_fla import FUSED_FROM, use_fused
+
+    assert not use_fused(1, 128, 128)
+    assert use_fused(FUSED_FROM, 128, 128) and use_fused(16, 128, 128)
+    assert not use_fused(FUSED_FROM - 1, 128, 128)
+    assert not use_fused(8, 16, 16) and not use_fused(8, 128, 48)

@@ -125,6 +125,14 @@ def recurrent_step(
 FUSED_FROM = 4
 
 
+def use_fused(sessions: int, key_dim: int, value_dim: int) -> bool:
+    """The default form of ``chunk_rule_in_place``: fused from ``FUSED_FROM`` sessions, where the
+    kernel is written for the head dims (fla's two kernels take any, the tests' tiny models too)."""
+    from . import gdn_fused
+
+    return sessions >= FUSED_FROM and gdn_fused.fits(key_dim, value_dim)
+
+
 def chunk_rule_in_place(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g_sums: torch.Tensor, beta: torch.Tensor,
     state: torch.Tensor, a_work: torch.Tensor, fused: bool | None = None,
@@ -142,7 +150,7 @@ def chunk_rule_in_place(
     (``bos = i_b * T``), so one session's programs run the same compiled code on the same numbers
     whatever B is: batched equals alone by construction.
     ``fused``: fla's state and output kernels, or ``gdn_fused``'s one kernel in their place (by
-    default from ``FUSED_FROM`` sessions). Tied to the fla version the ``gpu`` extra pins; the GPU
+    default ``use_fused``). Tied to the fla version the ``gpu`` extra pins; the GPU
     tests compare both forms with the wrapper."""
     import triton
     from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_kernel_h_blockdim64 as state_kernel
@@ -166,7 +174,7 @@ def chunk_rule_in_place(
     solve_kernel[(nt, b * hv)](k=k1, g=g1, beta=b1, A=a1, cu_seqlens=None, chunk_indices=None, T=t, H=h,
                                HV=hv, K=dk, BT=chunk, BC=16)
     w, u = recompute_w_u_fwd(k=k1, v=v1, beta=b1, A=a1, g=g1)
-    if (b >= FUSED_FROM) if fused is None else fused:
+    if use_fused(b, dk, dv) if fused is None else fused:
         from . import gdn_fused
 
         out = torch.empty_like(u)

@@ -99,6 +99,11 @@ def _state_out_kernel(q, k, u, w, g, o, state, T, scale, H: tl.constexpr, HV: tl
     tl.store(state + o_k2[:, None] * V + o_v[None, :], h2.to(state.dtype.element_ty))
 
 
+def fits(key_dim: int, value_dim: int, bv: int = BV) -> bool:
+    """Whether the kernel is written for these head dims (Qwen3.5's 128 and 128 are)."""
+    return key_dim == 128 and value_dim % bv == 0
+
+
 def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch.Tensor, g_sums: torch.Tensor,
                      state: torch.Tensor, out: torch.Tensor, bv: int = BV, warps: int = WARPS,
                      stages: int = STAGES) -> None:
@@ -111,7 +116,7 @@ def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch
     for x in (q, k, u, w, g_sums, state, out):
         if not x.is_contiguous():
             raise ValueError(f"state_and_output takes contiguous tensors, got strides {x.stride()}")
-    if dk != 128 or dv % bv or state.shape != (b, hv, dk, dv):
+    if not fits(dk, dv, bv) or state.shape != (b, hv, dk, dv):
         raise ValueError(f"state_and_output is written for key dim 128 and whole {bv}-column value blocks; "
                          f"got k {list(k.shape)}, u {list(u.shape)}, state {list(state.shape)}")
     dot = tl.float32 if UPCAST else tl.bfloat16
