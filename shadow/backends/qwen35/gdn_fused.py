@@ -12,9 +12,11 @@ The arithmetic is fla's, operation for operation (fla-core 0.6.0, ``chunk_delta_
 ``BV`` columns a program, then ``chunk_o``): ``v_new = u - w h`` (bf16 products, fp32 sums),
 rounded to bf16 where fla stores it; ``o = (q h) 2^g scale + ([q k^T 2^(g_i - g_j)]_{j<=i}) v_new
 scale`` with ``h`` rounded to bf16 as fla stores it and the key dimension summed in two halves in
-fla's order; then ``h <- h 2^g_last + k^T (v_new 2^(g_last - g))``. Whether that gives fla's bits is
-for the GPU tests to say (``tests/backends/test_gpu.py``): the products' shapes differ (``BV``
-output columns where fla's output kernel takes 64).
+fla's order; then ``h <- h 2^g_last + k^T (v_new 2^(g_last - g))``. The products' shapes differ
+(``BV`` output columns where fla's output kernel takes 64), and still the bits are fla's: on the
+H200 at 1 to 16 sessions (``benchmarks/probes/gdn_fused_ab.py``) and against fla's wrapper, a
+ragged last chunk and shared key heads included (``tests/backends/test_gpu.py``). So the fast path
+may take either form at any batch size (``gdn_fla.use_fused``) without a session's bits moving.
 
 Batch invariance: a program's rows are its session's (``bos = n * T``), its state block is its
 own, and nothing it computes depends on the other sessions or on B, so a session's bits are the
