@@ -23,7 +23,9 @@ accumulator in two halves of the head dim, Triton's warp specialisation of the k
 rescale (only when a row's maximum grew by 2^8), 64-row blocks two to an SM, other merge shapes,
 the query block through the copy engine (a 3-D descriptor reshaped to the packed rows: 26 spills,
 338 TFLOP/s at 32k against 514 on an H100, ``attention_triton_4be69bc-qtma.json``), the probabilities'
-2^x on the FMA pipes for half the columns or all (469 and 431 against 521, in git at c59e315).
+2^x on the FMA pipes for half the columns or all (469 and 431 against 521, in git at c59e315), the
+key loop pipelined by hand (each tile's scores issued before the softmax of the tile before: too
+much shared memory at 3 stages, 372 at 2, 479 in 128-row blocks as without it; in git at 9863a3d).
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
 3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
 """
@@ -46,12 +48,7 @@ LOG2E = 1.4426950408889634
 def _softmax_step(q, k, m_i, qk_scale, keep, MASKED: tl.constexpr, FOLD: tl.constexpr):
     """One key tile's scores: the tile's probabilities (against the new running maximum), the
     factor that rescales what came before, and the new maximum (all in log2 units)."""
-    return _probabilities(tl.dot(q, k), m_i, qk_scale, keep, MASKED, FOLD)
-
-
-@triton.jit
-def _probabilities(qk, m_i, qk_scale, keep, MASKED: tl.constexpr, FOLD: tl.constexpr):
-    """``_softmax_step`` from the tile's scores ``qk``."""
+    qk = tl.dot(q, k)
     if MASKED:
         qk = tl.where(keep, qk, float("-inf"))
     if FOLD:  # the scale applied to the row maxima, then inside one multiply-add a score
@@ -72,7 +69,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
                  max_splits, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                  rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr,
-                 TABLE: tl.constexpr, PIPE: tl.constexpr = False):
+                 TABLE: tl.constexpr):
     pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kd = k_desc
     vd = v_desc
@@ -118,53 +115,18 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
     acc = tl.zeros([BM, D], tl.float32)
     cols0 = tl.arange(0, BN)
     # Full tiles: every row sees every key; with TMA the copy engine fetches them (all in bounds).
-    if PIPE:  # the next tile's scores issued before this tile's softmax: the same operations, reordered
-        if free > lo:
-            k = kd.load([lo, h * D]).T if TMA else tl.load(k_ptr + (lo + cols0)[None, :] * stride_kt
-                                                           + h * stride_kh + d[:, None])
-            if UPCAST:
-                k = k.to(tl.float32)
-            qk = tl.dot(q, k)
-            for kb in range(lo, free - BN, BN):
-                cols = kb + BN + cols0
-                k = kd.load([kb + BN, h * D]).T if TMA else tl.load(k_ptr + cols[None, :] * stride_kt
-                                                                    + h * stride_kh + d[:, None])
-                if UPCAST:
-                    k = k.to(tl.float32)
-                qk_next = tl.dot(q, k)
-                p, alpha, m_i = _probabilities(qk, m_i, qk_scale, None, False, FOLD)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None]
-                v = vd.load([kb, h * D]) if TMA else tl.load(v_ptr + (kb + cols0)[:, None] * stride_vt
-                                                             + h * stride_vh + d[None, :])
-                if UPCAST:
-                    v = v.to(tl.float32)
-                acc = tl.dot(p.to(v.dtype), v, acc)
-                qk = qk_next
-            p, alpha, m_i = _probabilities(qk, m_i, qk_scale, None, False, FOLD)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            last = free - BN
-            v = vd.load([last, h * D]) if TMA else tl.load(v_ptr + (last + cols0)[:, None] * stride_vt
-                                                           + h * stride_vh + d[None, :])
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = tl.dot(p.to(v.dtype), v, acc)
-    else:
-        for kb in range(lo, free, BN):
-            cols = kb + cols0
-            k = kd.load([kb, h * D]).T if TMA else tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh
-                                                           + d[:, None])
-            if UPCAST:
-                k = k.to(tl.float32)
-            p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, None, False, FOLD)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            v = vd.load([kb, h * D]) if TMA else tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh
-                                                         + d[None, :])
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = tl.dot(p.to(v.dtype), v, acc)
+    for kb in range(lo, free, BN):
+        cols = kb + cols0
+        k = kd.load([kb, h * D]).T if TMA else tl.load(k_ptr + cols[None, :] * stride_kt + h * stride_kh + d[:, None])
+        if UPCAST:
+            k = k.to(tl.float32)
+        p, alpha, m_i = _softmax_step(q, k, m_i, qk_scale, None, False, FOLD)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = vd.load([kb, h * D]) if TMA else tl.load(v_ptr + cols[:, None] * stride_vt + h * stride_vh + d[None, :])
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = tl.dot(p.to(v.dtype), v, acc)
     # The causal edge and the split's end: masked loads, never past ``hi``.
     for kb in range(free, hi, BN):
         cols = kb + cols0
@@ -239,10 +201,6 @@ MIN_SPLIT = 64 if UPCAST else 1024
 # K and V tiles through the copy engine (TMA); the scale folded into one multiply-add a score. Off,
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
 TMA, FOLD = True, True
-# The full tiles' loop with each tile's scores issued before the softmax of the tile before
-# (FA3's overlap of the products with the softmax, as far as the compiler keeps the product in
-# flight): the same bits as without. Off: not yet measured (``probes/attention_triton.py``).
-PIPE = False
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
 
 
@@ -296,7 +254,7 @@ def _descriptor(t: torch.Tensor, end: int, block: list[int]) -> TensorDescriptor
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT,
-           target: int | None = None, tma: bool = TMA, fold: bool = FOLD, pipe: bool = PIPE) -> Any:
+           target: int | None = None, tma: bool = TMA, fold: bool = FOLD) -> Any:
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
     are not read). Returns the launched attention kernel (its registers and spills, for the probes)."""
@@ -316,8 +274,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     use_tma = k_desc is not None and v_desc is not None
     common = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
               out.stride(0), out.stride(1), rows_total, scale)
-    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold, "PIPE": pipe,
-              "num_warps": warps, "num_stages": stages}
+    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold, "num_warps": warps,
+              "num_stages": stages}
     descs = (k_desc, v_desc) if use_tma else (keys, values)
     if splits == 1:
         return _attn_kernel[grid](q, keys, values, *descs, out, out, out, out, start, n, end, step, 1, *common,
@@ -382,7 +340,7 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     _attn_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
         q, like, like, like, like, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0),
         like.stride(1), like.stride(0), like.stride(1), out.stride(0), out.stride(1), rows_total, d ** -0.5 * LOG2E,
-        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, PIPE=PIPE, SPLIT=False, TABLE=True, num_warps=WARPS,
+        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
         num_stages=STAGES)
     if most > 1:
         _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, entries)](
