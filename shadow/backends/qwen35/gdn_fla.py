@@ -118,11 +118,11 @@ def recurrent_step(
 
 
 # From this many sessions a pass, the state pass and the output run as one kernel of ours
-# (``gdn_fused``) instead of fla's two: the same bits (``torch.equal`` on the H200 at 1, 8 and 16
-# sessions, whole passes too), a layer's call 157 -> 130 us at 8 sessions and 294 -> 248 at 16, but
-# 38 -> 45 at one, where fla's output kernel spreads over the chunks and ours walks them in order
-# (``benchmarks/probes/gdn_fused_ab.py``).
-FUSED_FROM = 4
+# (``gdn_fused``) instead of fla's two: the same bits (``torch.equal`` on the H200 at 1, 2, 4, 8 and
+# 16 sessions, whole passes too), a layer's call 49.8 -> 47.5 us at 2 sessions, 157 -> 130 at 8 and
+# 294 -> 248 at 16, but 38 -> 45 at one, where fla's output kernel spreads over the chunks and ours
+# walks them in order (``benchmarks/probes/gdn_fused_ab.py``).
+FUSED_FROM = 2
 
 
 def use_fused(sessions: int, key_dim: int, value_dim: int) -> bool:
