@@ -7,9 +7,7 @@ of B sessions at one depth group (0-2k mixed, 32k, 100k), each session's KV rows
 allocation: ``torch.equal`` between the table's output and the calls', each repeated, and the
 device time of each form (CUDA events around 20 calls, median of 5; a graph of each form too,
 since that is how the fast path runs it), with the K and V rows' write in both forms; and the table's
-kernel with pointer loads instead of descriptors made on the device (``table_pointers_ms``), and
-the table's attention alone with its row blocks in launch order and heaviest first
-(``attend_ms`` against ``heavy_first_ms``, each a graph, alternated; ``heavy_first_equal``).
+kernel with pointer loads instead of descriptors made on the device (``table_pointers_ms``).
 
     python -m benchmarks.probes.attention_table --out DIR     # DIR/attention_table.json; CUDA only
 """
@@ -79,15 +77,6 @@ def _case(batch: int, depths: list[int], seed: int) -> dict[str, Any]:
     row["table_pointers_equal"] = torch.equal(out_pointers, first)
     row["table_pointers_ms"] = device_ms_per_call(lambda: attention.attend_table(q, table, like, out_pointers,
                                                                                  tma=False))
-    outs = {False: torch.empty_like(q), True: torch.empty_like(q)}
-    alone = {h: captured(lambda h=h: attention.attend_table(q, table, like, outs[h], heavy_first=h)) for h in outs}
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(3):  # alternated, so that a drift of the machine's clock lands on both
-        for h in (False, True):
-            times[h].append(device_ms_per_call(alone[h].replay))
-    row["attend_ms"], row["heavy_first_ms"] = (sorted(times[h])[1] for h in (False, True))
-    torch.cuda.synchronize()
-    row["heavy_first_equal"] = torch.equal(outs[True], first) and torch.equal(outs[False], first)
     row["table_graph_ms"] = device_ms_per_call(graphs["table"].replay)
     row["calls_graph_ms"] = device_ms_per_call(graphs["calls"].replay)  # one session's KV at fixed depths only
     graphs["table"].replay()
@@ -110,8 +99,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "starts"}), flush=True)
     out = {"probe": "attention_table", **environment(), "rows": rows,
-           "all_equal": all(r["equal_to_calls"] and r["table_repeat_equal"] and r["table_graph_equal"]
-                             and r["heavy_first_equal"] for r in rows)}
+           "all_equal": all(r["equal_to_calls"] and r["table_repeat_equal"] and r["table_graph_equal"] for r in rows)}
     path = Path(args.out) / "attention_table.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("all equal:", out["all_equal"], "->", path)

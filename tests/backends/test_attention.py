@@ -30,20 +30,6 @@ def test_attend_matches_the_reference(n, start, heads, kv):
     assert torch.allclose(out, attention.attend_reference(q, k, v, start), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("n", "start", "min_split"), [(16, 200, 64), (16, 200, 10_000), (24, 0, 64), (17, 33, 64)])
-def test_row_blocks_heaviest_first_give_the_same_bits(n, start, min_split):
-    """``HEAVY_FIRST`` changes which program takes which row block, not what a block computes: the
-    same bits, with splits, one pass, and blocks that see no full tile."""
-    q, k, v = _inputs(n, start, 4, 2, 32, seed=n + start, dtype=torch.bfloat16)
-    outs = []
-    for heavy_first in (False, True):
-        out = torch.full_like(q, float("nan"))
-        attention.attend(q, k, v, start, out, min_split=min_split, heavy_first=heavy_first)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    assert (outs[1].float() - attention.attend_reference(q, k, v, start)).abs().max() < 2e-2
-
-
 def test_splits_change_only_rounding_and_repeat_bit_for_bit():
     n, start = 16, 200
     q, k, v = _inputs(n, start, 4, 2, 32, seed=3, dtype=torch.bfloat16)
@@ -77,8 +63,7 @@ def test_the_split_count_fills_one_wave_of_the_sms_or_two_where_two_fill_them_be
     assert -(-33280 // attention.split_len(2048, 2, 33280, bm=128, bn=64, min_split=1024, target=264)) == 8
 
 
-@pytest.mark.parametrize("heavy_first", [False, True])
-def test_a_table_launch_gives_each_entry_the_bits_of_its_own_call(heavy_first):
+def test_a_table_launch_gives_each_entry_the_bits_of_its_own_call():
     """Entries of one launch (sessions at different depths, and two chunks of one session, as a
     span reads them) against ``attend`` called per chunk after the same rows were written."""
     heads, kv, d, n = 4, 2, 32, 16
@@ -100,7 +85,7 @@ def test_a_table_launch_gives_each_entry_the_bits_of_its_own_call(heavy_first):
     table = torch.tensor([attention.table_row(at, n, heads, *table_kv[b]) for b, at in entries])
     attention.write_rows(k_new, v_new, table)
     out = torch.full_like(q, float("nan"))
-    attention.attend_table(q, table, table_kv[0][0], out, heavy_first=heavy_first)
+    attention.attend_table(q, table, table_kv[0][0], out)
 
     alone_kv = buffers()
     for e, (b, at) in enumerate(entries):

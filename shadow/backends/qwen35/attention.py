@@ -25,7 +25,9 @@ the query block through the copy engine (a 3-D descriptor reshaped to the packed
 338 TFLOP/s at 32k against 514 on an H100, ``attention_triton_4be69bc-qtma.json``), the probabilities'
 2^x on the FMA pipes for half the columns or all (469 and 431 against 521, in git at c59e315), the
 key loop pipelined by hand (each tile's scores issued before the softmax of the tile before: too
-much shared memory at 3 stages, 372 at 2, 479 in 128-row blocks as without it; in git at 9863a3d).
+much shared memory at 3 stages, 372 at 2, 479 in 128-row blocks as without it; in git at 9863a3d),
+row blocks launched heaviest first (a batch of 8 at 0-2k 3 % faster, at 32k and 100k up to 4 %
+slower; ``attention_table.json`` at ef2cdc6).
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
 3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
 """
@@ -69,10 +71,8 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, 
                  max_splits, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                  rows_total, qk_scale, G: tl.constexpr, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  SPLIT: tl.constexpr, UPCAST: tl.constexpr, TMA: tl.constexpr, FOLD: tl.constexpr,
-                 TABLE: tl.constexpr, HEAVY_FIRST: tl.constexpr = False):
+                 TABLE: tl.constexpr):
     pid_m, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if HEAVY_FIRST:  # the last row blocks see the most keys: started first, they leave the short ones last
-        pid_m = tl.num_programs(0) - 1 - pid_m
     kd = k_desc
     vd = v_desc
     e = 0
@@ -203,9 +203,6 @@ MIN_SPLIT = 64 if UPCAST else 1024
 # K and V tiles through the copy engine (TMA); the scale folded into one multiply-add a score. Off,
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
 TMA, FOLD = True, True
-# Row blocks launched from the last (the most keys, under the causal mask) to the first: the same
-# programs in another order, so the same bits. Off: not yet measured (``probes/attention_table.py``).
-HEAVY_FIRST = False
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
 
 
@@ -259,7 +256,7 @@ def _descriptor(t: torch.Tensor, end: int, block: list[int]) -> TensorDescriptor
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT,
-           target: int | None = None, tma: bool = TMA, fold: bool = FOLD, heavy_first: bool = HEAVY_FIRST) -> Any:
+           target: int | None = None, tma: bool = TMA, fold: bool = FOLD) -> Any:
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
     are not read). Returns the launched attention kernel (its registers and spills, for the probes)."""
@@ -279,8 +276,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     use_tma = k_desc is not None and v_desc is not None
     common = (q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
               out.stride(0), out.stride(1), rows_total, scale)
-    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold,
-              "HEAVY_FIRST": heavy_first, "num_warps": warps, "num_stages": stages}
+    shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold, "num_warps": warps,
+              "num_stages": stages}
     descs = (k_desc, v_desc) if use_tma else (keys, values)
     if splits == 1:
         return _attn_kernel[grid](q, keys, values, *descs, out, out, out, out, start, n, end, step, 1, *common,
@@ -324,8 +321,7 @@ def split_fields(start: int, n: int, heads: int, kv_heads: int) -> tuple[int, in
     return start, step, -(-(start + n) // step)
 
 
-def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, tma: bool = TMA,
-                 heavy_first: bool = HEAVY_FIRST) -> None:
+def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, tma: bool = TMA) -> None:
     """``attend`` for every entry of ``table`` (``[E, TABLE_FIELDS]`` on ``q``'s device) in one launch
     and one merge, the grid fixed by the shapes alone, so that it can be captured once and replayed
     at any depths: entry e's queries are rows ``[e * n, (e + 1) * n)`` of ``q`` (``[E * n, H, D]``)
@@ -346,8 +342,8 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     _attn_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
         q, like, like, like, like, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0),
         like.stride(1), like.stride(0), like.stride(1), out.stride(0), out.stride(1), rows_total, d ** -0.5 * LOG2E,
-        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, SPLIT=False, TABLE=True, HEAVY_FIRST=heavy_first,
-        num_warps=WARPS, num_stages=STAGES)
+        G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
+        num_stages=STAGES)
     if most > 1:
         _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, entries)](
             part, lse, out, table, n, 0, most, rows_total, out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
