@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=5)
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 8, 16], help="the layer's call at these B")
     ap.add_argument("--layer-only", action="store_true", help="skip the whole passes")
+    ap.add_argument("--pass-cases", nargs="*", default=[f"{b}:{g}" for b, g in CASES],
+                    help="whole passes as B:GROUP, GROUP one of read_pass_ab's (0-2k, 32k)")
     args = ap.parse_args()
     assert gdn_fla.available()
     out: dict[str, Any] = {"probe": "gdn_fused_ab", **environment(), "layer": [], "passes": []}
@@ -136,7 +138,8 @@ def main() -> None:
         forms[name] = FastForward(model, GRID)
         forms[name].warm_up()
     out["refused"] = {name: dict(fast.refused) for name, fast in forms.items()}
-    for batch, group in CASES:
+    for batch, group in (tuple(case.split(":")) for case in args.pass_cases):
+        batch = int(batch)
         row = _case(model, forms, batch, group, args.rounds, args.passes)
         out["passes"].append(row)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "depths"}),
