@@ -37,7 +37,7 @@ class ModelState:
     # What the fast path derives from these tensors (their stacked bases, their addresses checked),
     # with the tensors it was derived from: valid while each is still the same object (``memo``).
     derived: dict[str, tuple[tuple[torch.Tensor, ...], tuple[int, ...], Any]] = field(
-        default_factory=dict, repr=False, compare=False)
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def memo(self, key: str, tensors: Sequence[torch.Tensor], derive: Callable[[], T]) -> T:
         """``derive()``, computed again only when some tensor of ``tensors`` was replaced since (a
