@@ -10,6 +10,13 @@ the first one's bits; the first is the module's default, the second the kernel a
 so a call cut short keeps what it measured.
 
     python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
+    python -m benchmarks.probes.attention_triton --out DIR --leads cluster   # attention_triton-cluster.json
+    python -m benchmarks.probes.attention_triton --once 33280   # one default call (for ncu), nothing written
+
+The cluster leads ask whether the kernel is held by L2's bandwidth: at 64 rows a program, every
+program fetches every K and V tile of its split, about 2 GB through L2 for a 512-row chunk at 32k
+(8 TB/s at 514 TFLOP/s). A cluster of two CTAs (Triton's ``num_ctas``) may fetch a tile once for
+both; 128 rows in one CTA (8 warps) halves the traffic too, at the cost of a stage of shared memory.
 """
 
 from __future__ import annotations
@@ -37,7 +44,13 @@ DEFAULT = {"bm": attention.BM, "bn": attention.BN, "warps": attention.WARPS, "st
 LEADS: list[dict[str, Any]] = [  # changes to DEFAULT
     {"tma": False}, {"bm": 128, "bn": 64, "warps": 8, "stages": 2}, {"target": 264}, {"target": 132},
 ]
-VARIANTS = [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS]
+CLUSTER_LEADS: list[dict[str, Any]] = [
+    {"bm": 128, "ctas": 2}, {"bm": 128, "warps": 8, "stages": 2}, {"bm": 256, "warps": 8, "stages": 2, "ctas": 2},
+    {"bm": 128, "bn": 32, "stages": 4, "ctas": 2}, {"ctas": 2},
+]
+VARIANT_SETS = {"default": [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS],
+                "cluster": [DEFAULT] + [{**DEFAULT, **lead} for lead in CLUSTER_LEADS]}
+CLUSTER_CASES = [(512, 33280), (512, 100864), (512, 8704)]
 CASES = [(512, 33280), (512, 100864), (384, 33152), (304, 33072), (512, 8704), (32, 33024), (512, 512)]
 
 
@@ -88,7 +101,7 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     def ours() -> Any:
         return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
                                 stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
-                                tma=variant["tma"], fold=variant["fold"])
+                                tma=variant["tma"], fold=variant["fold"], ctas=variant.get("ctas", 1))
 
     try:
         kernel = ours()
@@ -114,16 +127,28 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--leads", choices=sorted(VARIANT_SETS), default="default")
+    parser.add_argument("--once", type=int, metavar="KEYS", help="one default call of 512 rows, for a profiler")
     args = parser.parse_args()
+    if args.once:
+        case = prepare(512, args.once)
+        out = torch.empty_like(case["q"])
+        for _ in range(2):  # the first compiles; a profiler filtering on the kernel's name sees both
+            attention.attend(case["q"], case["k"], case["v"], case["start"], out)
+        torch.cuda.synchronize()
+        return
+    if args.out is None:
+        parser.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
-    cases = [prepare(n, end) for n, end in CASES]
+    name = "attention_triton.json" if args.leads == "default" else f"attention_triton-{args.leads}.json"
+    cases = [prepare(n, end) for n, end in (CASES if args.leads == "default" else CLUSTER_CASES)]
     for c in cases:
         r = c["row"]
         print(f"rows {r['rows']:4d} keys {r['keys']:6d}: flash {r['flash_ms']:.3f} ms "
               f"({r['flash_tflops']:.0f} TFLOP/s)", flush=True)
     variants: list[dict[str, Any]] = []
-    for variant in VARIANTS:
+    for variant in VARIANT_SETS[args.leads]:
         found = {"variant": variant, "cases": []}
         variants.append(found)
         for c in cases:
@@ -132,7 +157,7 @@ def main() -> None:
             print(variant, c["row"]["rows"], c["row"]["keys"], m, flush=True)
         doc = {**environment(), "triton": triton.__version__, "cases": [c["row"] for c in cases],
                "variants": variants}
-        (args.out / "attention_triton.json").write_text(json.dumps(doc, indent=1))
+        (args.out / name).write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":
