@@ -11,7 +11,8 @@ so a call cut short keeps what it measured.
 
     python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
     python -m benchmarks.probes.attention_triton --out DIR --leads cluster   # attention_triton-cluster.json
-    python -m benchmarks.probes.attention_triton --once 33280   # one default call (for ncu), nothing written
+    python -m benchmarks.probes.attention_triton --out DIR --leads wg   # the Gluon kernel: attention_triton-wg.json
+    python -m benchmarks.probes.attention_triton --once 33280 [--wg]   # one call (for ncu), nothing written
 
 The cluster leads ask whether the kernel is held by L2's bandwidth: at 64 rows a program, every
 program fetches every K and V tile of its split, about 2 GB through L2 for a 512-row chunk at 32k
@@ -48,8 +49,10 @@ CLUSTER_LEADS: list[dict[str, Any]] = [
     {"bm": 128, "ctas": 2}, {"bm": 128, "warps": 8, "stages": 2}, {"bm": 256, "warps": 8, "stages": 2, "ctas": 2},
     {"bm": 128, "bn": 32, "stages": 4, "ctas": 2}, {"ctas": 2},
 ]
+WG_LEADS: list[dict[str, Any]] = [{"kernel": "wg", "stages": 3}, {"kernel": "wg", "stages": 2}]
 VARIANT_SETS = {"default": [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS],
-                "cluster": [DEFAULT] + [{**DEFAULT, **lead} for lead in CLUSTER_LEADS]}
+                "cluster": [DEFAULT] + [{**DEFAULT, **lead} for lead in CLUSTER_LEADS],
+                "wg": [DEFAULT] + [{**DEFAULT, **lead} for lead in WG_LEADS]}
 CLUSTER_CASES = [(512, 33280), (512, 100864), (512, 8704)]
 CASES = [(512, 33280), (512, 100864), (384, 33152), (304, 33072), (512, 8704), (32, 33024), (512, 512)]
 
@@ -99,6 +102,9 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     out = torch.empty_like(q)
 
     def ours() -> Any:
+        if variant.get("kernel") == "wg":  # imported here: Gluon's Hopper modules are not needed elsewhere
+            from shadow.backends.qwen35 import attention_wg
+            return attention_wg.attend(q, k, v, start, out, stages=variant["stages"])
         return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
                                 stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
                                 tma=variant["tma"], fold=variant["fold"], ctas=variant.get("ctas", 1))
@@ -130,19 +136,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--leads", choices=sorted(VARIANT_SETS), default="default")
     parser.add_argument("--once", type=int, metavar="KEYS", help="one default call of 512 rows, for a profiler")
+    parser.add_argument("--wg", action="store_true", help="with --once: the Gluon kernel")
     args = parser.parse_args()
     if args.once:
         case = prepare(512, args.once)
         out = torch.empty_like(case["q"])
         for _ in range(2):  # the first compiles; a profiler filtering on the kernel's name sees both
-            attention.attend(case["q"], case["k"], case["v"], case["start"], out)
+            if args.wg:
+                from shadow.backends.qwen35 import attention_wg
+                attention_wg.attend(case["q"], case["k"], case["v"], case["start"], out)
+            else:
+                attention.attend(case["q"], case["k"], case["v"], case["start"], out)
         torch.cuda.synchronize()
         return
     if args.out is None:
         parser.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
     name = "attention_triton.json" if args.leads == "default" else f"attention_triton-{args.leads}.json"
-    cases = [prepare(n, end) for n, end in (CASES if args.leads == "default" else CLUSTER_CASES)]
+    cases = [prepare(n, end) for n, end in (CLUSTER_CASES if args.leads == "cluster" else CASES)]
     for c in cases:
         r = c["row"]
         print(f"rows {r['rows']:4d} keys {r['keys']:6d}: flash {r['flash_ms']:.3f} ms "

@@ -290,10 +290,16 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
     kernel = _attn_kernel[grid](q, keys, values, *descs, out, part, lse, out, start, n, end, step, 1, *common,
                                 SPLIT=True, TABLE=False, **shapes)
+    merge(part, lse, out, n, splits, kv, rows_total, g, d)
+    return kernel
+
+
+def merge(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, n: int, splits: int, kv: int, rows_total: int,
+          g: int, d: int) -> None:
+    """One chunk's splits (``part``, ``lse``, as the kernel stores them) into ``out``, in a fixed order."""
     _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv)](part, lse, out, out, n, splits, 1, rows_total,
                                                          out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
                                                          TABLE=False, num_warps=4)
-    return kernel
 
 
 # The table a pass's attention reads on the device: one row an entry (a session's chunk), of

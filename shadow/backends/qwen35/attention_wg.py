@@ -1,0 +1,177 @@
+"""Chunk attention for Hopper in Gluon, a lead against ``attention.py``'s Triton kernel: the same
+programs, split rule, tiles and arithmetic, with the tensor cores driven asynchronously so that a
+tile's scores are computed while the tile before is still being multiplied into the output.
+
+Why: on an H200 the Triton kernel (64 packed query rows a program, 64-key tiles, one warpgroup)
+holds the SMs at about 55 % of their throughput and L2 at about 32 % (Nsight Compute at 32k keys,
+``benchmarks/results/ncu_attention.txt``): it is neither memory- nor math-bound but waits, because
+its one warpgroup multiplies, then takes the softmax, then multiplies again. FlashAttention-3's
+answer within one warpgroup is to issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` together and
+take tile j's softmax while the second is in flight. Triton does not keep a product in flight
+across the softmax (the pipelined loop measured at 9863a3d); Gluon lets the kernel say so.
+
+Exactness: each output element is the Triton kernel's sequence of operations on the same numbers:
+``O_j = O_{j-1} * alpha_j + P_j V_j`` with the same instruction shapes (64 x 64 x 16 for the scores,
+64 x 256 x 16 for the values) over the keys in the same order, the same row reductions over the same
+register layouts, the same split rule and the same merge. Whether that gives the same bits is for
+the H200 to say (``benchmarks/probes/attention_triton.py --leads wg``); a session's bits do not
+depend on it until this path is shipped, and then only through this kernel in every process.
+
+Not under Triton's interpreter (Gluon has none): the CPU tests cannot run it; the probe compares it
+with the Triton kernel bit for bit on the GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from . import attention
+
+BM, BN = 64, 64  # attention.py's tiles: the split rule and the merge are shared
+STAGES = 3
+
+
+@gluon.jit
+def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, end, split_len, stride_qt, stride_qh,
+                    stride_ot, stride_oh, rows_total, qk_scale, G: gl.constexpr, D: gl.constexpr, BM: gl.constexpr,
+                    BN: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, Q_LAYOUT: gl.constexpr):
+    pid_m = gl.program_id(0)
+    h = gl.program_id(1)
+    s = gl.program_id(2)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+
+    # the query block: packed rows (token * G + head within the group), through registers into shared memory
+    rows_l = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, load_layout))
+    d_l = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
+    t_l = rows_l // G
+    q = gl.load(q_ptr + (t_l * stride_qt + (h * G + rows_l % G) * stride_qh)[:, None] + d_l[None, :],
+                mask=(t_l < n)[:, None], other=0.0)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, D], Q_LAYOUT, q)
+    fence_async_shared()
+
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    lo = s * split_len
+    t_max = gl.minimum(pid_m * BM + BM - 1, rows_total - 1) // G
+    hi = gl.minimum(gl.minimum(lo + split_len, end), start + t_max + 1)
+    tiles = gl.maximum(hi - lo + BN - 1, 0) // BN
+    nbytes: gl.constexpr = 2 * BN * D * 2
+    for i in gl.static_range(STAGES):
+        go = i < tiles
+        mbarrier.expect(ready.index(i), nbytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [lo + i * BN, h * D], ready.index(i), k_smem.index(i), pred=go)
+        tma.async_copy_global_to_shared(v_desc, [lo + i * BN, h * D], ready.index(i), v_smem.index(i), pred=go)
+
+    rows_s = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    pos = start + rows_s // G
+    cols0 = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
+    zeros_s = gl.zeros([BM, BN], gl.float32, layout=s_layout)
+    p_prev = gl.zeros([BM, BN], gl.bfloat16, layout=p_layout)
+    for j in range(0, tiles):
+        slot = j % STAGES
+        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        scores = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        # the tile before's values (at j = 0 a product of zeros over tile 0's values: exactly zero)
+        before = gl.where(j > 0, (j + STAGES - 1) % STAGES, 0)
+        acc = warpgroup_mma(p_prev, v_smem.index(before), acc, is_async=True)
+        scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
+        cols = lo + j * BN + cols0
+        keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
+        scores = gl.where(keep, scores, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+        p = gl.exp2(scores * qk_scale - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        m_i = m_new
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        # tile j - 1's slot is free (its scores and its values are multiplied): fetch tile j - 1 + STAGES
+        nxt = j - 1 + STAGES
+        go = (j > 0) & (nxt < tiles)
+        free_slot = (j + STAGES - 1) % STAGES
+        mbarrier.expect(ready.index(free_slot), nbytes, pred=go)
+        tma.async_copy_global_to_shared(k_desc, [lo + nxt * BN, h * D], ready.index(free_slot),
+                                        k_smem.index(free_slot), pred=go)
+        tma.async_copy_global_to_shared(v_desc, [lo + nxt * BN, h * D], ready.index(free_slot),
+                                        v_smem.index(free_slot), pred=go)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+    if tiles > 0:
+        acc = warpgroup_mma(p_prev, v_smem.index((tiles - 1) % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+    seen = l_i > 0
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    rows_o = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
+    t_o = rows_o // G
+    ok_o = t_o < n
+    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    if SPLIT:
+        at = (s * gl.num_programs(1) + h) * rows_total + rows_o
+        gl.store(part_ptr + at[:, None] * D + d_o[None, :], out, mask=ok_o[:, None])
+        at_s = (s * gl.num_programs(1) + h) * rows_total + rows_s
+        gl.store(lse_ptr + at_s, gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), float("-inf")),
+                 mask=rows_s // G < n)
+    else:
+        gl.store(o_ptr + (t_o * stride_ot + (h * G + rows_o % G) * stride_oh)[:, None] + d_o[None, :],
+                 out.to(gl.bfloat16), mask=ok_o[:, None])
+
+
+def descriptor(t: torch.Tensor, end: int) -> TensorDescriptor:
+    """Rows ``[0, end)`` of ``t`` (``[rows, KV, D]``, rows contiguous) as ``[end, KV * D]`` tiles of
+    ``BN`` rows and one head, for the copy engine; rows past ``end`` come as zeros."""
+    d = t.shape[2]
+    layout = gl.NVMMASharedLayout.get_default_for([BN, d], gl.bfloat16)
+    return TensorDescriptor(t, [end, t.shape[1] * d], [t.stride(0), 1], [BN, d], layout)
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
+           stages: int = STAGES) -> Any:
+    """``attention.attend`` (bf16, head dim 256, Hopper) through this kernel: the same split rule
+    and the same merge. Returns the launched kernel."""
+    n, heads, d = q.shape
+    kv = keys.shape[1]
+    g = heads // kv
+    end = start + n
+    rows_total = n * g
+    step = attention.split_len(rows_total, kv, end, BM, BN)
+    splits = triton.cdiv(end, step)
+    grid = (triton.cdiv(rows_total, BM), kv, splits)
+    q_layout = gl.NVMMASharedLayout.get_default_for([BM, d], gl.bfloat16)
+    common = (start, n, end, step, q.stride(0), q.stride(1), out.stride(0), out.stride(1), rows_total,
+              d ** -0.5 * attention.LOG2E)
+    shapes = {"G": g, "D": d, "BM": BM, "BN": BN, "STAGES": stages, "Q_LAYOUT": q_layout, "num_warps": 4}
+    kd, vd = descriptor(keys, end), descriptor(values, end)
+    if splits == 1:
+        return _attn_wg_kernel[grid](q, kd, vd, out, out, out, *common, SPLIT=False, **shapes)
+    part = torch.empty(splits * kv * rows_total, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
+    kernel = _attn_wg_kernel[grid](q, kd, vd, out, part, lse, *common, SPLIT=True, **shapes)
+    attention.merge(part, lse, out, n, splits, kv, rows_total, g, d)
+    return kernel
