@@ -49,7 +49,7 @@ CLUSTER_LEADS: list[dict[str, Any]] = [
     {"bm": 128, "ctas": 2}, {"bm": 128, "warps": 8, "stages": 2}, {"bm": 256, "warps": 8, "stages": 2, "ctas": 2},
     {"bm": 128, "bn": 32, "stages": 4, "ctas": 2}, {"ctas": 2},
 ]
-WG_LEADS: list[dict[str, Any]] = [{"kernel": "wg", "stages": 3}, {"kernel": "wg", "stages": 2}]
+WG_LEADS: list[dict[str, Any]] = [{"kernel": "wg", "stages": 3}]
 VARIANT_SETS = {"default": [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS],
                 "cluster": [DEFAULT] + [{**DEFAULT, **lead} for lead in CLUSTER_LEADS],
                 "wg": [DEFAULT] + [{**DEFAULT, **lead} for lead in WG_LEADS]}

@@ -355,9 +355,15 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
         G=g, D=d, BM=BM, BN=BN, UPCAST=UPCAST, TMA=tma, FOLD=FOLD, SPLIT=False, TABLE=True, num_warps=WARPS,
         num_stages=STAGES)
     if most > 1:
-        _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, entries)](
-            part, lse, out, table, n, 0, most, rows_total, out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
-            TABLE=True, num_warps=4)
+        merge_table(part, lse, out, table, n, most, kv, rows_total, g, d)
+
+
+def merge_table(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, table: torch.Tensor, n: int, most: int,
+                kv: int, rows_total: int, g: int, d: int) -> None:
+    """Every entry's splits into ``out`` (an entry that did not split wrote its rows itself)."""
+    _merge_kernel[(triton.cdiv(rows_total, MERGE_BM), kv, table.shape[0])](
+        part, lse, out, table, n, 0, most, rows_total, out.stride(0), out.stride(1), G=g, D=d, BM=MERGE_BM,
+        TABLE=True, num_warps=4)
 
 
 @triton.jit

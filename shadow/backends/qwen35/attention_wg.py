@@ -45,12 +45,34 @@ STAGES = 3
 
 
 @gluon.jit
-def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, end, split_len, stride_qt, stride_qh,
-                    stride_ot, stride_oh, rows_total, qk_scale, G: gl.constexpr, D: gl.constexpr, BM: gl.constexpr,
-                    BN: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr, Q_LAYOUT: gl.constexpr):
+def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, start, n, end, split_len, max_splits,
+                    stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, rows_total, qk_scale, G: gl.constexpr,
+                    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
+                    TABLE: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     pid_m = gl.program_id(0)
     h = gl.program_id(1)
     s = gl.program_id(2)
+    e = 0
+    split = False
+    kd = k_desc
+    vd = v_desc
+    if TABLE:  # program axis 2 is (entry, split); the entry's numbers come from its row of the table
+        e = s // max_splits
+        s = s % max_splits
+        row = tab_ptr + e * 5  # (start, split length, splits, K's address, V's address)
+        start = gl.load(row).to(gl.int32)
+        split_len = gl.load(row + 1).to(gl.int32)
+        splits = gl.load(row + 2)
+        if s >= splits:
+            return
+        split = splits > 1
+        q_ptr += e * n * stride_qt
+        o_ptr += e * n * stride_ot
+        end = start + n
+        k_base = gl.load(row + 3).to(gl.pointer_type(gl.bfloat16))
+        v_base = gl.load(row + 4).to(gl.pointer_type(gl.bfloat16))
+        kd = tma.make_tensor_descriptor(k_base, [end, stride_kt], [stride_kt, 1], [BN, D], KV_LAYOUT)
+        vd = tma.make_tensor_descriptor(v_base, [end, stride_kt], [stride_kt, 1], [BN, D], KV_LAYOUT)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -65,22 +87,27 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, e
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [BM, D], Q_LAYOUT, q)
     fence_async_shared()
 
-    k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], KV_LAYOUT)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], KV_LAYOUT)
+    # K and V of a tile arrive on barriers of their own: a tile's scores wait for its keys only, and
+    # its key slot is fetched into again as soon as the scores are multiplied, a tile before its values
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
 
     lo = s * split_len
     t_max = gl.minimum(pid_m * BM + BM - 1, rows_total - 1) // G
     hi = gl.minimum(gl.minimum(lo + split_len, end), start + t_max + 1)
     tiles = gl.maximum(hi - lo + BN - 1, 0) // BN
-    nbytes: gl.constexpr = 2 * BN * D * 2
+    nbytes: gl.constexpr = BN * D * 2
     for i in gl.static_range(STAGES):
         go = i < tiles
-        mbarrier.expect(ready.index(i), nbytes, pred=go)
-        tma.async_copy_global_to_shared(k_desc, [lo + i * BN, h * D], ready.index(i), k_smem.index(i), pred=go)
-        tma.async_copy_global_to_shared(v_desc, [lo + i * BN, h * D], ready.index(i), v_smem.index(i), pred=go)
+        mbarrier.expect(k_ready.index(i), nbytes, pred=go)
+        tma.async_copy_global_to_shared(kd, [lo + i * BN, h * D], k_ready.index(i), k_smem.index(i), pred=go)
+        mbarrier.expect(v_ready.index(i), nbytes, pred=go)
+        tma.async_copy_global_to_shared(vd, [lo + i * BN, h * D], v_ready.index(i), v_smem.index(i), pred=go)
 
     rows_s = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
     pos = start + rows_s // G
@@ -92,12 +119,18 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, e
     p_prev = gl.zeros([BM, BN], gl.bfloat16, layout=p_layout)
     for j in range(0, tiles):
         slot = j % STAGES
-        mbarrier.wait(ready.index(slot), (j // STAGES) & 1)
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
         scores = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         # the tile before's values (at j = 0 a product of zeros over tile 0's values: exactly zero)
-        before = gl.where(j > 0, (j + STAGES - 1) % STAGES, 0)
-        acc = warpgroup_mma(p_prev, v_smem.index(before), acc, is_async=True)
+        before = gl.maximum(j - 1, 0)
+        mbarrier.wait(v_ready.index(before % STAGES), (before // STAGES) & 1)
+        acc = warpgroup_mma(p_prev, v_smem.index(before % STAGES), acc, is_async=True)
         scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
+        # tile j's keys are used: fetch tile j + STAGES's into their slot
+        go = j + STAGES < tiles
+        mbarrier.expect(k_ready.index(slot), nbytes, pred=go)
+        tma.async_copy_global_to_shared(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot),
+                                        pred=go)
         cols = lo + j * BN + cols0
         keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
         scores = gl.where(keep, scores, float("-inf"))
@@ -108,22 +141,21 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, e
         m_i = m_new
         l_i = l_i * alpha + gl.sum(p, 1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        # tile j - 1's slot is free (its scores and its values are multiplied): fetch tile j - 1 + STAGES
-        nxt = j - 1 + STAGES
-        go = (j > 0) & (nxt < tiles)
-        free_slot = (j + STAGES - 1) % STAGES
-        mbarrier.expect(ready.index(free_slot), nbytes, pred=go)
-        tma.async_copy_global_to_shared(k_desc, [lo + nxt * BN, h * D], ready.index(free_slot),
-                                        k_smem.index(free_slot), pred=go)
-        tma.async_copy_global_to_shared(v_desc, [lo + nxt * BN, h * D], ready.index(free_slot),
-                                        v_smem.index(free_slot), pred=go)
+        # tile j - 1's values are used: fetch tile j - 1 + STAGES's into their slot
+        go = (j > 0) & (j - 1 + STAGES < tiles)
+        mbarrier.expect(v_ready.index(before % STAGES), nbytes, pred=go)
+        tma.async_copy_global_to_shared(vd, [lo + (j - 1 + STAGES) * BN, h * D], v_ready.index(before % STAGES),
+                                        v_smem.index(before % STAGES), pred=go)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
     if tiles > 0:
-        acc = warpgroup_mma(p_prev, v_smem.index((tiles - 1) % STAGES), acc, is_async=True)
+        last = tiles - 1
+        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+        acc = warpgroup_mma(p_prev, v_smem.index(last % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
 
     seen = l_i > 0
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
@@ -132,10 +164,10 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, e
     t_o = rows_o // G
     ok_o = t_o < n
     d_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    if SPLIT:
-        at = (s * gl.num_programs(1) + h) * rows_total + rows_o
+    if SPLIT or (TABLE and split):  # without a table, the constant decides (a branch on it failed to lower)
+        at = ((e * max_splits + s) * gl.num_programs(1) + h) * rows_total + rows_o
         gl.store(part_ptr + at[:, None] * D + d_o[None, :], out, mask=ok_o[:, None])
-        at_s = (s * gl.num_programs(1) + h) * rows_total + rows_s
+        at_s = ((e * max_splits + s) * gl.num_programs(1) + h) * rows_total + rows_s
         gl.store(lse_ptr + at_s, gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), float("-inf")),
                  mask=rows_s // G < n)
     else:
@@ -143,12 +175,21 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, start, n, e
                  out.to(gl.bfloat16), mask=ok_o[:, None])
 
 
+def kv_layout(d: int) -> Any:
+    return gl.NVMMASharedLayout.get_default_for([BN, d], gl.bfloat16)
+
+
 def descriptor(t: torch.Tensor, end: int) -> TensorDescriptor:
     """Rows ``[0, end)`` of ``t`` (``[rows, KV, D]``, rows contiguous) as ``[end, KV * D]`` tiles of
     ``BN`` rows and one head, for the copy engine; rows past ``end`` come as zeros."""
     d = t.shape[2]
-    layout = gl.NVMMASharedLayout.get_default_for([BN, d], gl.bfloat16)
-    return TensorDescriptor(t, [end, t.shape[1] * d], [t.stride(0), 1], [BN, d], layout)
+    return TensorDescriptor(t, [end, t.shape[1] * d], [t.stride(0), 1], [BN, d], kv_layout(d))
+
+
+def _shapes(g: int, d: int, stages: int, split: bool, table: bool) -> dict[str, Any]:
+    return {"G": g, "D": d, "BM": BM, "BN": BN, "STAGES": stages, "SPLIT": split, "TABLE": table,
+            "Q_LAYOUT": gl.NVMMASharedLayout.get_default_for([BM, d], gl.bfloat16), "KV_LAYOUT": kv_layout(d),
+            "num_warps": 4}
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
@@ -163,15 +204,36 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     step = attention.split_len(rows_total, kv, end, BM, BN)
     splits = triton.cdiv(end, step)
     grid = (triton.cdiv(rows_total, BM), kv, splits)
-    q_layout = gl.NVMMASharedLayout.get_default_for([BM, d], gl.bfloat16)
-    common = (start, n, end, step, q.stride(0), q.stride(1), out.stride(0), out.stride(1), rows_total,
-              d ** -0.5 * attention.LOG2E)
-    shapes = {"G": g, "D": d, "BM": BM, "BN": BN, "STAGES": stages, "Q_LAYOUT": q_layout, "num_warps": 4}
+    common = (start, n, end, step, 1, q.stride(0), q.stride(1), keys.stride(0), out.stride(0), out.stride(1),
+              rows_total, d ** -0.5 * attention.LOG2E)
     kd, vd = descriptor(keys, end), descriptor(values, end)
     if splits == 1:
-        return _attn_wg_kernel[grid](q, kd, vd, out, out, out, *common, SPLIT=False, **shapes)
+        return _attn_wg_kernel[grid](q, kd, vd, out, out, out, out, *common, **_shapes(g, d, stages, False, False))
     part = torch.empty(splits * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
-    kernel = _attn_wg_kernel[grid](q, kd, vd, out, part, lse, *common, SPLIT=True, **shapes)
+    kernel = _attn_wg_kernel[grid](q, kd, vd, out, part, lse, out, *common, **_shapes(g, d, stages, True, False))
     attention.merge(part, lse, out, n, splits, kv, rows_total, g, d)
     return kernel
+
+
+def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor,
+                 stages: int = STAGES) -> None:
+    """``attention.attend_table`` through this kernel: every entry of ``table`` in one launch and one
+    merge, each entry's split rule its depth's, the K and V descriptors made on the device from the
+    entry's addresses."""
+    entries = table.shape[0]
+    rows, heads, d = q.shape
+    n, kv = rows // entries, like.shape[1]
+    g = heads // kv
+    rows_total = n * g
+    most = attention.most_splits(rows_total, kv)
+    part = torch.empty(entries * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(entries * most * kv * rows_total, device=q.device, dtype=torch.float32)
+    attention._scratch_for_descriptors(q.device)
+    # the host descriptors' places are taken by the device's; any descriptor of the right type will do
+    kd = descriptor(like, like.shape[0])
+    _attn_wg_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
+        q, kd, kd, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0), out.stride(0),
+        out.stride(1), rows_total, d ** -0.5 * attention.LOG2E, **_shapes(g, d, stages, False, True))
+    if most > 1:
+        attention.merge_table(part, lse, out, table, n, most, kv, rows_total, g, d)
