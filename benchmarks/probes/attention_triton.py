@@ -49,7 +49,10 @@ CLUSTER_LEADS: list[dict[str, Any]] = [
     {"bm": 128, "ctas": 2}, {"bm": 128, "warps": 8, "stages": 2}, {"bm": 256, "warps": 8, "stages": 2, "ctas": 2},
     {"bm": 128, "bn": 32, "stages": 4, "ctas": 2}, {"ctas": 2},
 ]
-WG_LEADS: list[dict[str, Any]] = [{"kernel": "wg", "stages": 3}]
+WG_LEADS: list[dict[str, Any]] = [  # bm 128: two warpgroups share each tile (the split rule changes with it)
+    {"kernel": "wg", "stages": 3}, {"kernel": "wg", "bm": 128, "stages": 2, "v_stages": 2},
+    {"kernel": "wg", "bm": 128, "stages": 3, "v_stages": 2}, {"kernel": "wg", "bm": 128, "stages": 2, "v_stages": 1},
+]
 VARIANT_SETS = {"default": [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS],
                 "cluster": [DEFAULT] + [{**DEFAULT, **lead} for lead in CLUSTER_LEADS],
                 "wg": [DEFAULT] + [{**DEFAULT, **lead} for lead in WG_LEADS]}
@@ -104,7 +107,8 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     def ours() -> Any:
         if variant.get("kernel") == "wg":  # imported here: Gluon's Hopper modules are not needed elsewhere
             from shadow.backends.qwen35 import attention_wg
-            return attention_wg.attend(q, k, v, start, out, stages=variant["stages"])
+            return attention_wg.attend(q, k, v, start, out, bm=variant["bm"], stages=variant["stages"],
+                                       v_stages=variant.get("v_stages", variant["stages"]))
         return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
                                 stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
                                 tma=variant["tma"], fold=variant["fold"], ctas=variant.get("ctas", 1))

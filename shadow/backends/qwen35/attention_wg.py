@@ -47,8 +47,8 @@ STAGES = 3
 @gluon.jit
 def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, start, n, end, split_len, max_splits,
                     stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, rows_total, qk_scale, G: gl.constexpr,
-                    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SPLIT: gl.constexpr,
-                    TABLE: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
+                    D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+                    SPLIT: gl.constexpr, TABLE: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr):
     pid_m = gl.program_id(0)
     h = gl.program_id(1)
     s = gl.program_id(2)
@@ -73,10 +73,12 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         v_base = gl.load(row + 4).to(gl.pointer_type(gl.bfloat16))
         kd = tma.make_tensor_descriptor(k_base, [end, stride_kt], [stride_kt, 1], [BN, D], KV_LAYOUT)
         vd = tma.make_tensor_descriptor(v_base, [end, stride_kt], [stride_kt, 1], [BN, D], KV_LAYOUT)
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    # a warpgroup (4 warps) a 64-row block; with 128 rows, two warpgroups share each key and value tile
+    W: gl.constexpr = BM // 16
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[W, 1], instr_shape=[16, D, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [W, 1], [1, 0])
 
     # the query block: packed rows (token * G + head within the group), through registers into shared memory
     rows_l = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, load_layout))
@@ -88,13 +90,14 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
     fence_async_shared()
 
     k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], KV_LAYOUT)
-    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], KV_LAYOUT)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [V_STAGES, BN, D], KV_LAYOUT)
     # K and V of a tile arrive on barriers of their own: a tile's scores wait for its keys only, and
     # its key slot is fetched into again as soon as the scores are multiplied, a tile before its values
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
+    for i in gl.static_range(V_STAGES):
         mbarrier.init(v_ready.index(i), count=1)
 
     lo = s * split_len
@@ -106,6 +109,8 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         go = i < tiles
         mbarrier.expect(k_ready.index(i), nbytes, pred=go)
         tma.async_copy_global_to_shared(kd, [lo + i * BN, h * D], k_ready.index(i), k_smem.index(i), pred=go)
+    for i in gl.static_range(V_STAGES):
+        go = i < tiles
         mbarrier.expect(v_ready.index(i), nbytes, pred=go)
         tma.async_copy_global_to_shared(vd, [lo + i * BN, h * D], v_ready.index(i), v_smem.index(i), pred=go)
 
@@ -123,8 +128,8 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         scores = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
         # the tile before's values (at j = 0 a product of zeros over tile 0's values: exactly zero)
         before = gl.maximum(j - 1, 0)
-        mbarrier.wait(v_ready.index(before % STAGES), (before // STAGES) & 1)
-        acc = warpgroup_mma(p_prev, v_smem.index(before % STAGES), acc, is_async=True)
+        mbarrier.wait(v_ready.index(before % V_STAGES), (before // V_STAGES) & 1)
+        acc = warpgroup_mma(p_prev, v_smem.index(before % V_STAGES), acc, is_async=True)
         scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
         # tile j's keys are used: fetch tile j + STAGES's into their slot
         go = j + STAGES < tiles
@@ -141,20 +146,21 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         m_i = m_new
         l_i = l_i * alpha + gl.sum(p, 1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        # tile j - 1's values are used: fetch tile j - 1 + STAGES's into their slot
-        go = (j > 0) & (j - 1 + STAGES < tiles)
-        mbarrier.expect(v_ready.index(before % STAGES), nbytes, pred=go)
-        tma.async_copy_global_to_shared(vd, [lo + (j - 1 + STAGES) * BN, h * D], v_ready.index(before % STAGES),
-                                        v_smem.index(before % STAGES), pred=go)
+        # tile j - 1's values are used: fetch tile j - 1 + V_STAGES's into their slot
+        go = (j > 0) & (j - 1 + V_STAGES < tiles)
+        mbarrier.expect(v_ready.index(before % V_STAGES), nbytes, pred=go)
+        tma.async_copy_global_to_shared(vd, [lo + (j - 1 + V_STAGES) * BN, h * D], v_ready.index(before % V_STAGES),
+                                        v_smem.index(before % V_STAGES), pred=go)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
     if tiles > 0:
         last = tiles - 1
-        mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        acc = warpgroup_mma(p_prev, v_smem.index(last % STAGES), acc, is_async=True)
+        mbarrier.wait(v_ready.index(last % V_STAGES), (last // V_STAGES) & 1)
+        acc = warpgroup_mma(p_prev, v_smem.index(last % V_STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_ready.index(i))
+    for i in gl.static_range(V_STAGES):
         mbarrier.invalidate(v_ready.index(i))
 
     seen = l_i > 0
@@ -186,14 +192,14 @@ def descriptor(t: torch.Tensor, end: int) -> TensorDescriptor:
     return TensorDescriptor(t, [end, t.shape[1] * d], [t.stride(0), 1], [BN, d], kv_layout(d))
 
 
-def _shapes(g: int, d: int, stages: int, split: bool, table: bool) -> dict[str, Any]:
-    return {"G": g, "D": d, "BM": BM, "BN": BN, "STAGES": stages, "SPLIT": split, "TABLE": table,
-            "Q_LAYOUT": gl.NVMMASharedLayout.get_default_for([BM, d], gl.bfloat16), "KV_LAYOUT": kv_layout(d),
-            "num_warps": 4}
+def _shapes(g: int, d: int, bm: int, stages: int, v_stages: int, split: bool, table: bool) -> dict[str, Any]:
+    return {"G": g, "D": d, "BM": bm, "BN": BN, "STAGES": stages, "V_STAGES": v_stages, "SPLIT": split,
+            "TABLE": table, "Q_LAYOUT": gl.NVMMASharedLayout.get_default_for([bm, d], gl.bfloat16),
+            "KV_LAYOUT": kv_layout(d), "num_warps": bm // 16}
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
-           stages: int = STAGES) -> Any:
+           bm: int = BM, stages: int = STAGES, v_stages: int = STAGES) -> Any:
     """``attention.attend`` (bf16, head dim 256, Hopper) through this kernel: the same split rule
     and the same merge. Returns the launched kernel."""
     n, heads, d = q.shape
@@ -201,23 +207,26 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     g = heads // kv
     end = start + n
     rows_total = n * g
-    step = attention.split_len(rows_total, kv, end, BM, BN)
+    step = attention.split_len(rows_total, kv, end, bm, BN)
     splits = triton.cdiv(end, step)
-    grid = (triton.cdiv(rows_total, BM), kv, splits)
+    grid = (triton.cdiv(rows_total, bm), kv, splits)
     common = (start, n, end, step, 1, q.stride(0), q.stride(1), keys.stride(0), out.stride(0), out.stride(1),
               rows_total, d ** -0.5 * attention.LOG2E)
     kd, vd = descriptor(keys, end), descriptor(values, end)
     if splits == 1:
-        return _attn_wg_kernel[grid](q, kd, vd, out, out, out, out, *common, **_shapes(g, d, stages, False, False))
+        return _attn_wg_kernel[grid](q, kd, vd, out, out, out, out, *common,
+                                     **_shapes(g, d, bm, stages, v_stages, False, False))
     part = torch.empty(splits * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(splits * kv * rows_total, device=q.device, dtype=torch.float32)
-    kernel = _attn_wg_kernel[grid](q, kd, vd, out, part, lse, out, *common, **_shapes(g, d, stages, True, False))
+    kernel = _attn_wg_kernel[grid](q, kd, vd, out, part, lse, out, *common,
+                                   **_shapes(g, d, bm, stages, v_stages, True, False))
     attention.merge(part, lse, out, n, splits, kv, rows_total, g, d)
     return kernel
 
 
 def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor,
                  stages: int = STAGES) -> None:
+    # (64-row programs only: the table's split rule is attention.py's, for its 64-row blocks)
     """``attention.attend_table`` through this kernel: every entry of ``table`` in one launch and one
     merge, each entry's split rule its depth's, the K and V descriptors made on the device from the
     entry's addresses."""
@@ -234,6 +243,6 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     kd = descriptor(like, like.shape[0])
     _attn_wg_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
         q, kd, kd, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0), out.stride(0),
-        out.stride(1), rows_total, d ** -0.5 * attention.LOG2E, **_shapes(g, d, stages, False, True))
+        out.stride(1), rows_total, d ** -0.5 * attention.LOG2E, **_shapes(g, d, BM, stages, stages, False, True))
     if most > 1:
         attention.merge_table(part, lse, out, table, n, most, kv, rows_total, g, d)
