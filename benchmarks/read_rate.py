@@ -65,7 +65,7 @@ from benchmarks import read_rate_floor as floor_mod
 from benchmarks.common import environment, keep_newest
 from benchmarks.read_rate_steps import FIGURES, GRID, PeerRunner, Plan, ShadowSide, run_steps
 from shadow import Shadow, ShadowSettings, build_shadow
-from shadow.backends.qwen35 import Qwen35Config
+from shadow.backends.qwen35 import Qwen35Config, attention
 from shadow.backends.qwen35.checkpoint import demo_text_config, random_tensors, write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
 
@@ -175,7 +175,8 @@ def _ours(run: ModelRun, plan: Plan, ckpt: Path, args: argparse.Namespace, work:
         return None
     _, source, turns = exact_mod.load_turns(Path(plan.session), plan.session_max_tokens)
     child = None if args.no_child else [sys.executable, "-m", "benchmarks.read_rate", "--device", args.device,
-                                         "--dtype", args.dtype, "--child-model", str(ckpt)]
+                                         "--dtype", args.dtype, "--child-model", str(ckpt),
+                                         "--attention", args.attention]
     report, state, ids = exact_mod.check(sh, turns, child, work)
     exact.update(session=source, **report)
     return state, ids
@@ -312,10 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", default=None, help="where the random checkpoints are written (default: the system's)")
     ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
     ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
+    ap.add_argument("--attention", default="triton", choices=["triton", "wg"],
+                    help="the chunk attention kernel (attention.KERNEL; wg: the Gluon lead, Hopper only)")
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
     ap.add_argument("--child-fresh", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    attention.KERNEL = args.attention  # before any reader is built: the split rule follows it
     if args.child_fresh:
         sh, _ = _build(Path(args.child_model), args.device, args.dtype, "auto")
         exact_mod.child_fresh(sh, Path(args.child_fresh))
@@ -365,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows(runs, plans, rates, 2 if dtype == torch.bfloat16 else 4) + batch_rows,
         "wall_s": time.perf_counter() - t_start,
     }
-    suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "")
+    result["attention_kernel"] = args.attention
+    suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "") + (
+        "-wg" if args.attention == "wg" else "")
     out = Path(args.out) / f"read_rate{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     keep_newest(out)

@@ -204,6 +204,21 @@ MIN_SPLIT = 64 if UPCAST else 1024
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
 TMA, FOLD = True, True
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
+# Which kernel serves a bf16 chunk of head dim 256 on the GPU: "triton" (this module's) or "wg"
+# (``attention_wg``: Gluon for Hopper, 128-row programs of two warpgroups; a lead the benchmarks
+# switch on, ``read_rate --attention wg``). Set once, before the first read: the split rule (and so
+# a session's bits) follows the kernel's row blocks.
+KERNEL = "triton"
+WG_BM, WG_STAGES, WG_V_STAGES = 128, 3, 2
+
+
+def block_rows() -> int:
+    """The packed query rows of one program of the kernel in use: the split rule's unit."""
+    return WG_BM if KERNEL == "wg" else BM
+
+
+def _use_wg(q: torch.Tensor) -> bool:
+    return KERNEL == "wg" and q.is_cuda and q.dtype == torch.bfloat16 and q.shape[2] == 256
 
 
 def fits(n: int, heads: int, kv_heads: int, head_dim: int) -> bool:
@@ -262,6 +277,12 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     are not read). Returns the launched attention kernel (its registers and spills, for the probes).
     ``ctas`` > 1 (a probe's lead, Hopper only) spreads a program's ``bm`` rows over a cluster of that
     many CTAs, which may then share each K and V tile rather than each fetch it."""
+    shipped = (bm, bn, warps, stages, min_split, target, tma, fold, ctas) == (BM, BN, WARPS, STAGES, MIN_SPLIT, None,
+                                                                            TMA, FOLD, 1)
+    if shipped and _use_wg(q):  # a probe's own tiles stay on this module's kernel
+        from . import attention_wg
+
+        return attention_wg.attend(q, keys, values, start, out, bm=WG_BM, stages=WG_STAGES, v_stages=WG_V_STAGES)
     n, heads, d = q.shape
     kv = keys.shape[1]
     g = heads // kv
@@ -324,10 +345,14 @@ def check_kv(keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
                              f"got {list(t.shape)} with strides {t.stride()} at {t.data_ptr() % 16} past 16")
 
 
-@functools.lru_cache(maxsize=4096)
 def split_fields(start: int, n: int, heads: int, kv_heads: int) -> tuple[int, int, int]:
     """An entry's (start, split length, splits): ``attend``'s rule for a chunk of ``n`` rows at ``start``."""
-    step = split_len(n * (heads // kv_heads), kv_heads, start + n)
+    return _split_fields(start, n, heads, kv_heads, block_rows())
+
+
+@functools.lru_cache(maxsize=4096)
+def _split_fields(start: int, n: int, heads: int, kv_heads: int, bm: int) -> tuple[int, int, int]:
+    step = split_len(n * (heads // kv_heads), kv_heads, start + n, bm)
     return start, step, -(-(start + n) // step)
 
 
@@ -339,6 +364,11 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     numbers, in the same order (its split length and count are ``attend``'s at its depth), so it
     gives ``attend``'s bits for that chunk whatever the other entries hold. ``like`` is any tensor of
     the KV rows' dtype and ``[.., KV, D]`` contiguous layout (the kernel takes its strides)."""
+    if _use_wg(q):
+        from . import attention_wg
+
+        attention_wg.attend_table(q, table, like, out, bm=WG_BM, stages=WG_STAGES, v_stages=WG_V_STAGES)
+        return
     entries = table.shape[0]
     rows, heads, d = q.shape
     n, kv = rows // entries, like.shape[1]

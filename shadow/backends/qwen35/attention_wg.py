@@ -224,25 +224,24 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     return kernel
 
 
-def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor,
-                 stages: int = STAGES) -> None:
-    # (64-row programs only: the table's split rule is attention.py's, for its 64-row blocks)
+def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, bm: int = BM,
+                 stages: int = STAGES, v_stages: int = STAGES) -> None:
     """``attention.attend_table`` through this kernel: every entry of ``table`` in one launch and one
-    merge, each entry's split rule its depth's, the K and V descriptors made on the device from the
-    entry's addresses."""
+    merge, each entry's split rule its depth's (``bm`` must be the rule's, ``attention.block_rows``), the K
+    and V descriptors made on the device from the entry's addresses."""
     entries = table.shape[0]
     rows, heads, d = q.shape
     n, kv = rows // entries, like.shape[1]
     g = heads // kv
     rows_total = n * g
-    most = attention.most_splits(rows_total, kv)
+    most = attention.most_splits(rows_total, kv, bm)
     part = torch.empty(entries * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(entries * most * kv * rows_total, device=q.device, dtype=torch.float32)
     attention._scratch_for_descriptors(q.device)
     # the host descriptors' places are taken by the device's; any descriptor of the right type will do
     kd = descriptor(like, like.shape[0])
-    _attn_wg_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
+    _attn_wg_kernel[(triton.cdiv(rows_total, bm), kv, entries * most)](
         q, kd, kd, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0), out.stride(0),
-        out.stride(1), rows_total, d ** -0.5 * attention.LOG2E, **_shapes(g, d, BM, stages, stages, False, True))
+        out.stride(1), rows_total, d ** -0.5 * attention.LOG2E, **_shapes(g, d, bm, stages, v_stages, False, True))
     if most > 1:
         attention.merge_table(part, lse, out, table, n, most, kv, rows_total, g, d)
