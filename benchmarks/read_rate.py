@@ -313,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", default=None, help="where the random checkpoints are written (default: the system's)")
     ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
     ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
-    ap.add_argument("--attention", default="triton", choices=["triton", "wg"],
-                    help="the chunk attention kernel (attention.KERNEL; wg: the Gluon lead, Hopper only)")
+    ap.add_argument("--attention", default="auto", choices=["auto", "triton", "wg"],
+                    help="the chunk attention kernel (attention.KERNEL; wg: the Gluon one, Hopper only)")
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
     ap.add_argument("--child-fresh", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -369,9 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows(runs, plans, rates, 2 if dtype == torch.bfloat16 else 4) + batch_rows,
         "wall_s": time.perf_counter() - t_start,
     }
-    result["attention_kernel"] = args.attention
+    result["attention_kernel"] = attention.kernel_in_use()
     suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "") + (
-        "-wg" if args.attention == "wg" else "")
+        "-triton" if args.attention == "triton" else "")
     out = Path(args.out) / f"read_rate{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     keep_newest(out)

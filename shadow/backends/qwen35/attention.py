@@ -204,21 +204,43 @@ MIN_SPLIT = 64 if UPCAST else 1024
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
 TMA, FOLD = True, True
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
-# Which kernel serves a bf16 chunk of head dim 256 on the GPU: "triton" (this module's) or "wg"
-# (``attention_wg``: Gluon for Hopper, 128-row programs of two warpgroups; a lead the benchmarks
-# switch on, ``read_rate --attention wg``). Set once, before the first read: the split rule (and so
-# a session's bits) follows the kernel's row blocks.
-KERNEL = "triton"
+# Which kernel serves a bf16 chunk of head dim 256 on the GPU: "triton" (this module's), "wg"
+# (``attention_wg``: Gluon for Hopper, 128-row programs of two warpgroups sharing each key and value
+# tile: 7 to 11 % less per 512 ids at 32k and 100k on the H200, ``results/read_rate-wg.json``), or
+# "auto": "wg" where the GPU is a Hopper and this Triton has Gluon's Hopper module, else "triton".
+# Set once, before the first read: the split rule (and so a session's bits) follows the kernel's
+# row blocks, so a process reads with one kernel throughout.
+KERNEL = "auto"
 WG_BM, WG_STAGES, WG_V_STAGES = 128, 3, 2
+
+
+@functools.cache
+def _resolve(kernel: str) -> str:
+    if kernel != "auto":
+        return kernel
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return "triton"
+    if torch.cuda.get_device_capability()[0] != 9:  # wgmma is Hopper's alone
+        return "triton"
+    try:
+        from . import attention_wg  # noqa: F401
+    except Exception:  # a Triton without Gluon's Hopper module
+        return "triton"
+    return "wg"
+
+
+def kernel_in_use() -> str:
+    """``KERNEL`` resolved on this process's GPU: "triton" or "wg"."""
+    return _resolve(KERNEL)
 
 
 def block_rows() -> int:
     """The packed query rows of one program of the kernel in use: the split rule's unit."""
-    return WG_BM if KERNEL == "wg" else BM
+    return WG_BM if kernel_in_use() == "wg" else BM
 
 
 def _use_wg(q: torch.Tensor) -> bool:
-    return KERNEL == "wg" and q.is_cuda and q.dtype == torch.bfloat16 and q.shape[2] == 256
+    return q.is_cuda and q.dtype == torch.bfloat16 and q.shape[2] == 256 and kernel_in_use() == "wg"
 
 
 def fits(n: int, heads: int, kv_heads: int, head_dim: int) -> bool:

@@ -42,6 +42,9 @@ from . import attention
 
 BM, BN = 64, 64  # attention.py's tiles: the split rule and the merge are shared
 STAGES = 3
+# Triton renamed the copy engine's load (3.6: async_copy_global_to_shared, which later versions keep
+# only to raise); the kernel takes whichever this Triton has.
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
@@ -108,11 +111,11 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
     for i in gl.static_range(STAGES):
         go = i < tiles
         mbarrier.expect(k_ready.index(i), nbytes, pred=go)
-        tma.async_copy_global_to_shared(kd, [lo + i * BN, h * D], k_ready.index(i), k_smem.index(i), pred=go)
+        _tma_load(kd, [lo + i * BN, h * D], k_ready.index(i), k_smem.index(i), pred=go)
     for i in gl.static_range(V_STAGES):
         go = i < tiles
         mbarrier.expect(v_ready.index(i), nbytes, pred=go)
-        tma.async_copy_global_to_shared(vd, [lo + i * BN, h * D], v_ready.index(i), v_smem.index(i), pred=go)
+        _tma_load(vd, [lo + i * BN, h * D], v_ready.index(i), v_smem.index(i), pred=go)
 
     rows_s = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
     pos = start + rows_s // G
@@ -134,7 +137,7 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         # tile j's keys are used: fetch tile j + STAGES's into their slot
         go = j + STAGES < tiles
         mbarrier.expect(k_ready.index(slot), nbytes, pred=go)
-        tma.async_copy_global_to_shared(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot),
+        _tma_load(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot),
                                         pred=go)
         cols = lo + j * BN + cols0
         keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
@@ -149,7 +152,7 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         # tile j - 1's values are used: fetch tile j - 1 + V_STAGES's into their slot
         go = (j > 0) & (j - 1 + V_STAGES < tiles)
         mbarrier.expect(v_ready.index(before % V_STAGES), nbytes, pred=go)
-        tma.async_copy_global_to_shared(vd, [lo + (j - 1 + V_STAGES) * BN, h * D], v_ready.index(before % V_STAGES),
+        _tma_load(vd, [lo + (j - 1 + V_STAGES) * BN, h * D], v_ready.index(before % V_STAGES),
                                         v_smem.index(before % V_STAGES), pred=go)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
