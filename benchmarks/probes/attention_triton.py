@@ -50,8 +50,7 @@ CLUSTER_LEADS: list[dict[str, Any]] = [
     {"bm": 128, "bn": 32, "stages": 4, "ctas": 2}, {"ctas": 2},
 ]
 WG_LEADS: list[dict[str, Any]] = [  # bm 128: two warpgroups share each tile (the split rule changes with it)
-    {"kernel": "wg", "stages": 3}, {"kernel": "wg", "bm": 128, "stages": 2, "v_stages": 2},
-    {"kernel": "wg", "bm": 128, "stages": 3, "v_stages": 2}, {"kernel": "wg", "bm": 128, "stages": 2, "v_stages": 1},
+    {"kernel": "wg", "stages": 3}, {"kernel": "wg", "bm": 128, "stages": 3, "v_stages": 2},
 ]
 VARIANT_SETS = {"default": [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS],
                 "cluster": [DEFAULT] + [{**DEFAULT, **lead} for lead in CLUSTER_LEADS],

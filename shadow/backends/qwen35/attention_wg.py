@@ -107,6 +107,8 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
     t_max = gl.minimum(pid_m * BM + BM - 1, rows_total - 1) // G
     hi = gl.minimum(gl.minimum(lo + split_len, end), start + t_max + 1)
     tiles = gl.maximum(hi - lo + BN - 1, 0) // BN
+    # tiles before ``full`` are seen whole by every row: no mask (a mask of all true changes no bit)
+    full = (gl.minimum(hi, start + (pid_m * BM) // G + 1) - lo) // BN
     nbytes: gl.constexpr = BN * D * 2
     for i in gl.static_range(STAGES):
         go = i < tiles
@@ -139,9 +141,10 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         mbarrier.expect(k_ready.index(slot), nbytes, pred=go)
         _tma_load(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot),
                                         pred=go)
-        cols = lo + j * BN + cols0
-        keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
-        scores = gl.where(keep, scores, float("-inf"))
+        if j >= full:  # the causal edge and the split's end
+            cols = lo + j * BN + cols0
+            keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
+            scores = gl.where(keep, scores, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
         p = gl.exp2(scores * qk_scale - m_safe[:, None])
