@@ -30,6 +30,10 @@ row blocks launched heaviest first (a batch of 8 at 0-2k 3 % faster, at 32k and 
 slower; ``attention_table.json`` at ef2cdc6).
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
 3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
+
+On a Hopper GPU ``KERNEL = "auto"`` hands ``attend`` and ``attend_table`` to ``attention_wg`` (Gluon:
+128 rows a program, two warpgroups sharing each key and value tile; its own split rule through
+``block_rows``, the same merge); this kernel serves everywhere else and in the probes.
 """
 
 from __future__ import annotations
