@@ -65,7 +65,7 @@ from benchmarks import read_rate_floor as floor_mod
 from benchmarks.common import environment, keep_newest
 from benchmarks.read_rate_steps import FIGURES, GRID, PeerRunner, Plan, ShadowSide, run_steps
 from shadow import Shadow, ShadowSettings, build_shadow
-from shadow.backends.qwen35 import Qwen35Config, attention
+from shadow.backends.qwen35 import Qwen35Config, attention_kernel
 from shadow.backends.qwen35.checkpoint import demo_text_config, random_tensors, write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
 
@@ -314,12 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
     ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
     ap.add_argument("--attention", default="auto", choices=["auto", "triton", "wg"],
-                    help="the chunk attention kernel (attention.KERNEL; wg: the Gluon one, Hopper only)")
+                    help="the chunk attention kernel (attention_kernel.KERNEL; wg: the Gluon one, Hopper only)")
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
     ap.add_argument("--child-fresh", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    attention.KERNEL = args.attention  # before any reader is built: the split rule follows it
+    attention_kernel.KERNEL = args.attention  # before any reader is built: the split rule follows it
     if args.child_fresh:
         sh, _ = _build(Path(args.child_model), args.device, args.dtype, "auto")
         exact_mod.child_fresh(sh, Path(args.child_fresh))
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows(runs, plans, rates, 2 if dtype == torch.bfloat16 else 4) + batch_rows,
         "wall_s": time.perf_counter() - t_start,
     }
-    result["attention_kernel"] = attention.kernel_in_use()
+    result["attention_kernel"] = attention_kernel.kernel_in_use()
     suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "") + (
         "-triton" if args.attention == "triton" else "")
     out = Path(args.out) / f"read_rate{suffix}.json"

@@ -31,9 +31,9 @@ slower; ``attention_table.json`` at ef2cdc6).
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
 3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
 
-On a Hopper GPU ``KERNEL = "auto"`` hands ``attend`` and ``attend_table`` to ``attention_wg`` (Gluon:
-128 rows a program, two warpgroups sharing each key and value tile; its own split rule through
-``block_rows``, the same merge); this kernel serves everywhere else and in the probes.
+On a Hopper GPU ``attend`` and ``attend_table`` hand over to ``attention_wg`` (Gluon: 128 rows a
+program, two warpgroups sharing each key and value tile; its own split rule, the same merge), as
+``attention_kernel`` decides; this kernel serves everywhere else and in the probes.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import attention_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -208,45 +210,6 @@ MIN_SPLIT = 64 if UPCAST else 1024
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
 TMA, FOLD = True, True
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
-# Which kernel serves a bf16 chunk of head dim 256 on the GPU: "triton" (this module's), "wg"
-# (``attention_wg``: Gluon for Hopper, 128-row programs of two warpgroups sharing each key and value
-# tile: 7 to 11 % less per 512 ids at 32k and 100k on the H200, ``results/read_rate-wg.json``), or
-# "auto": "wg" where the GPU is a Hopper and this Triton has Gluon's Hopper module, else "triton".
-# Set once, before the first read: the split rule (and so a session's bits) follows the kernel's
-# row blocks, so a process reads with one kernel throughout.
-KERNEL = "auto"
-WG_BM, WG_STAGES, WG_V_STAGES = 128, 3, 2
-
-
-@functools.cache
-def _resolve(kernel: str) -> str:
-    if kernel != "auto":
-        return kernel
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        return "triton"
-    if torch.cuda.get_device_capability()[0] != 9:  # wgmma is Hopper's alone
-        return "triton"
-    try:
-        from . import attention_wg  # noqa: F401
-    except Exception:  # a Triton without Gluon's Hopper module
-        return "triton"
-    return "wg"
-
-
-def kernel_in_use() -> str:
-    """``KERNEL`` resolved on this process's GPU: "triton" or "wg"."""
-    return _resolve(KERNEL)
-
-
-def block_rows() -> int:
-    """The packed query rows of one program of the kernel in use: the split rule's unit."""
-    return WG_BM if kernel_in_use() == "wg" else BM
-
-
-def _use_wg(q: torch.Tensor) -> bool:
-    return q.is_cuda and q.dtype == torch.bfloat16 and q.shape[2] == 256 and kernel_in_use() == "wg"
-
-
 def fits(n: int, heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether this kernel serves a pass of ``n`` rows at this shape."""
     return n >= MIN_ROWS and head_dim == triton.next_power_of_2(head_dim) and head_dim <= 256 and heads % kv_heads == 0
@@ -305,10 +268,11 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     many CTAs, which may then share each K and V tile rather than each fetch it."""
     shipped = (bm, bn, warps, stages, min_split, target, tma, fold, ctas) == (BM, BN, WARPS, STAGES, MIN_SPLIT, None,
                                                                             TMA, FOLD, 1)
-    if shipped and _use_wg(q):  # a probe's own tiles stay on this module's kernel
+    if shipped and attention_kernel.use_wg(q):  # a probe's own tiles stay on this module's kernel
         from . import attention_wg
 
-        return attention_wg.attend(q, keys, values, start, out, bm=WG_BM, stages=WG_STAGES, v_stages=WG_V_STAGES)
+        return attention_wg.attend(q, keys, values, start, out, bm=attention_kernel.WG_BM,
+                                   stages=attention_kernel.WG_STAGES, v_stages=attention_kernel.WG_V_STAGES)
     n, heads, d = q.shape
     kv = keys.shape[1]
     g = heads // kv
@@ -373,7 +337,7 @@ def check_kv(keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
 
 def split_fields(start: int, n: int, heads: int, kv_heads: int) -> tuple[int, int, int]:
     """An entry's (start, split length, splits): ``attend``'s rule for a chunk of ``n`` rows at ``start``."""
-    return _split_fields(start, n, heads, kv_heads, block_rows())
+    return _split_fields(start, n, heads, kv_heads, attention_kernel.block_rows())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -390,10 +354,11 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     numbers, in the same order (its split length and count are ``attend``'s at its depth), so it
     gives ``attend``'s bits for that chunk whatever the other entries hold. ``like`` is any tensor of
     the KV rows' dtype and ``[.., KV, D]`` contiguous layout (the kernel takes its strides)."""
-    if _use_wg(q):
+    if attention_kernel.use_wg(q):
         from . import attention_wg
 
-        attention_wg.attend_table(q, table, like, out, bm=WG_BM, stages=WG_STAGES, v_stages=WG_V_STAGES)
+        attention_wg.attend_table(q, table, like, out, bm=attention_kernel.WG_BM, stages=attention_kernel.WG_STAGES,
+                                  v_stages=attention_kernel.WG_V_STAGES)
         return
     entries = table.shape[0]
     rows, heads, d = q.shape

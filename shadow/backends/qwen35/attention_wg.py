@@ -233,8 +233,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
 def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, bm: int = BM,
                  stages: int = STAGES, v_stages: int = STAGES) -> None:
     """``attention.attend_table`` through this kernel: every entry of ``table`` in one launch and one
-    merge, each entry's split rule its depth's (``bm`` must be the rule's, ``attention.block_rows``), the K
-    and V descriptors made on the device from the entry's addresses."""
+    merge, each entry's split rule its depth's (``bm`` must be the rule's, ``attention_kernel.block_rows``),
+    the K and V descriptors made on the device from the entry's addresses."""
     entries = table.shape[0]
     rows, heads, d = q.shape
     n, kv = rows // entries, like.shape[1]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import attention
+from . import attention, attention_kernel
 from .staging import stacked
 from .state import ModelState
 
@@ -201,7 +201,7 @@ def report(fast: FastForward) -> dict[str, Any]:
     out: dict[str, Any] = {
         "graphs": fast.use_graphs, "sizes": list(fast.sizes), "capture_s": fast.capture_s,
         "model": {"hidden_size": cfg.hidden_size, "layers": len(cfg.layer_types), "dtype": str(fast.model.dtype)},
-        "attention": attention.kernel_in_use() if fast.device.type == "cuda" else "triton",
+        "attention": attention_kernel.kernel_in_use() if fast.device.type == "cuda" else "triton",
         # per batch size: "ok" once checked, "unchecked" before (or without graphs), else why not used
         "batches": {str(b): why for b, why in fast.batch_sizes().items()},
         "spans": {str(k): fast.refused_spans.get(k, "ok" if fast.check_s else "unchecked") for k in fast.spans},

@@ -29,7 +29,7 @@ import torch
 
 from shadow.core.session import SessionBook
 
-from . import attention
+from . import attention, attention_kernel
 
 if TYPE_CHECKING:
     from shadow.backends.reader import TorchReader
@@ -45,7 +45,7 @@ def split_classes(rows: int, heads: int, kv_heads: int, grid: int, most: int = 1
     found: dict[str, int] = {}
     limit = most * attention.MIN_SPLIT + grid
     for end in range(rows, limit + 1, grid):
-        step = attention.split_len(rows * g, kv_heads, end, attention.block_rows())
+        step = attention.split_len(rows * g, kv_heads, end, attention_kernel.block_rows())
         splits = -(-end // step)
         kind = "one" if splits == 1 else ("split16" if splits % 16 == 0 else "split")
         found.setdefault(kind, end)
