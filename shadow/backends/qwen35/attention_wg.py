@@ -136,7 +136,10 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         mbarrier.wait(v_ready.index(before % V_STAGES), (before // V_STAGES) & 1)
         acc = warpgroup_mma(p_prev, v_smem.index(before % V_STAGES), acc, is_async=True)
         scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
-        # tile j's keys are used: fetch tile j + STAGES's into their slot
+        # tile j's keys are used, by both warpgroups once each has waited (the barrier: one thread
+        # issues the copy, and the other warpgroup's product may still be reading the slot): fetch
+        # tile j + STAGES's into their slot
+        gl.thread_barrier()
         go = j + STAGES < tiles
         mbarrier.expect(k_ready.index(slot), nbytes, pred=go)
         _tma_load(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot),
@@ -152,7 +155,9 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         m_i = m_new
         l_i = l_i * alpha + gl.sum(p, 1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        # tile j - 1's values are used: fetch tile j - 1 + V_STAGES's into their slot
+        # tile j - 1's values are used (by both warpgroups, past the barrier): fetch tile j - 1 +
+        # V_STAGES's into their slot
+        gl.thread_barrier()
         go = (j > 0) & (j - 1 + V_STAGES < tiles)
         mbarrier.expect(v_ready.index(before % V_STAGES), nbytes, pred=go)
         _tma_load(vd, [lo + (j - 1 + V_STAGES) * BN, h * D], v_ready.index(before % V_STAGES),
