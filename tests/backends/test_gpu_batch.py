@@ -82,7 +82,8 @@ def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(shared_data, 
     report = reader.fast_report()
     print(json.dumps({k: report[k] for k in ("batches", "max_batch", "static_bytes", "state_slot_bytes",
                                              "capture_reserved_bytes", "capture_s", "check_s")}))
-    assert report["batches"]["1"] == "ok"
+    # every captured size reads a session as it reads alone on the H200 (the warm-up check refused none)
+    assert set(report["batches"].values()) == {"ok"}, report["batches"]
 
     all_turns = _turns(shared_data)
     assert all(len(t) >= 2 for t in all_turns), [len(t) for t in all_turns]
