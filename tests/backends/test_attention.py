@@ -108,3 +108,20 @@ def test_a_table_entry_refuses_rows_it_cannot_address():
     k = torch.zeros(20, 2, 8)
     with pytest.raises(ValueError, match="contiguous KV rows"):
         attention.table_row(8, 16, 4, k, k)  # 24 rows needed
+
+
+def test_the_split_rule_follows_the_kernel_in_use(monkeypatch):
+    """A table's split rule is the rule of the kernel that reads it: the Gluon lead's 128-row
+    programs split a chunk their own way, the Triton kernel's 64-row ones as before."""
+    from shadow.backends.qwen35 import attention_kernel
+
+    assert attention_kernel.kernel_in_use() == "triton"  # the default, and all a CPU can run
+    narrow = attention.split_len(512 * 4, 2, 33280)
+    assert attention.split_fields(32768, 512, 8, 2) == (32768, narrow, -(-33280 // narrow))
+    monkeypatch.setattr(attention_kernel, "KERNEL", "wg")
+    assert attention_kernel.block_rows() == attention_kernel.WG_BM
+    wide = attention.split_len(512 * 4, 2, 33280, attention_kernel.WG_BM)
+    assert attention.split_fields(32768, 512, 8, 2) == (32768, wide, -(-33280 // wide))
+    assert wide != narrow
+    # a chunk off the GPU stays on the Triton kernel whatever KERNEL says
+    assert not attention_kernel.use_wg(torch.zeros(1, 8, 256, dtype=torch.bfloat16))

@@ -31,9 +31,9 @@ slower; ``attention_table.json`` at ef2cdc6).
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
 3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
 
-On a Hopper GPU ``attend`` and ``attend_table`` hand over to ``attention_wg`` (Gluon: 128 rows a
-program, two warpgroups sharing each key and value tile; its own split rule, the same merge), as
-``attention_kernel`` decides; this kernel serves everywhere else and in the probes.
+Where ``attention_kernel`` says so (a lead, off by default), ``attend`` and ``attend_table`` hand
+over to ``attention_wg`` (Gluon: 128 rows a program, two warpgroups sharing each key and value
+tile; its own split rule, the same merge); this kernel serves everywhere else and in the probes.
 """
 
 from __future__ import annotations

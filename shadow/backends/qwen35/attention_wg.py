@@ -1,24 +1,25 @@
 """Chunk attention for Hopper in Gluon, a lead against ``attention.py``'s Triton kernel: the same
-programs, split rule, tiles and arithmetic, with the tensor cores driven asynchronously so that a
-tile's scores are computed while the tile before is still being multiplied into the output.
+arithmetic, with the tensor cores driven asynchronously, and programs of 64 rows (one warpgroup)
+or 128 (two warpgroups sharing each key and value tile). Off by default (``attention_kernel``).
 
 Why: on an H200 the Triton kernel (64 packed query rows a program, 64-key tiles, one warpgroup)
 holds the SMs at about 55 % of their throughput and L2 at about 32 % (Nsight Compute at 32k keys,
-``benchmarks/results/ncu_attention.txt``): it is neither memory- nor math-bound but waits, because
-its one warpgroup multiplies, then takes the softmax, then multiplies again. FlashAttention-3's
-answer within one warpgroup is to issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` together and
-take tile j's softmax while the second is in flight. Triton does not keep a product in flight
-across the softmax (the pipelined loop measured at 9863a3d); Gluon lets the kernel say so.
+``benchmarks/results/ncu_attention.txt``): neither memory- nor math-bound, it waits on its own order
+of work. Issuing tile j's scores beside tile j-1's values product (FlashAttention-3's overlap within
+a warpgroup) did not change that: 64-row programs ran at the Triton kernel's speed. Two warpgroups
+a program did: 547 / 584 TFLOP/s at 32k / 100k against 515 / 543 (``results/attention_triton-wg.json``).
 
-Exactness: each output element is the Triton kernel's sequence of operations on the same numbers:
+Exactness: each output element is the Triton kernel's sequence of operations on the same numbers,
 ``O_j = O_{j-1} * alpha_j + P_j V_j`` with the same instruction shapes (64 x 64 x 16 for the scores,
-64 x 256 x 16 for the values) over the keys in the same order, the same row reductions over the same
-register layouts, the same split rule and the same merge. Whether that gives the same bits is for
-the H200 to say (``benchmarks/probes/attention_triton.py --leads wg``); a session's bits do not
-depend on it until this path is shipped, and then only through this kernel in every process.
+64 x 256 x 16 for the values), keys in the same order, the same row reductions over the same
+register layouts and the same merge: at 64 rows a program the H200 gave the Triton kernel's bits in
+every case of the probe. At 128 rows the split rule is its own (``attention_kernel.block_rows``).
+A key or value slot is fetched into again only past a CTA barrier, once both warpgroups' products
+have read it (without it, the GPU tests at c974d7e failed: see ``attention_kernel``).
 
 Not under Triton's interpreter (Gluon has none): the CPU tests cannot run it; the probe compares it
-with the Triton kernel bit for bit on the GPU.
+with the Triton kernel bit for bit on the GPU. Written for Triton 3.6's Gluon (the GPU image's);
+Triton 3.9 compiles it too (its copy engine's load is named ``async_load``).
 """
 
 from __future__ import annotations
