@@ -210,6 +210,8 @@ MIN_SPLIT = 64 if UPCAST else 1024
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
 TMA, FOLD = True, True
 MIN_ROWS = 16  # fewer query rows (decode, small forks) stay on torch's flash kernel
+
+
 def fits(n: int, heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether this kernel serves a pass of ``n`` rows at this shape."""
     return n >= MIN_ROWS and head_dim == triton.next_power_of_2(head_dim) and head_dim <= 256 and heads % kv_heads == 0

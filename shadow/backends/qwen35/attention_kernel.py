@@ -46,10 +46,16 @@ def kernel_in_use() -> str:
 
 
 def block_rows() -> int:
-    """The packed query rows of one program of the kernel in use: the split rule's unit."""
+    """The packed query rows of one program of the kernel in use: the split rule's unit (asked for
+    every chunk of a read's table, so looked up once per setting)."""
+    return _block_rows(KERNEL)
+
+
+@functools.cache
+def _block_rows(kernel: str) -> int:
     from . import attention  # which imports this module
 
-    return WG_BM if kernel_in_use() == "wg" else attention.BM
+    return WG_BM if _resolve(kernel) == "wg" else attention.BM
 
 
 def use_wg(q: torch.Tensor) -> bool:
