@@ -7,8 +7,9 @@ Hopper, 128 rows a program, two warpgroups sharing each key and value tile), whi
 
 "wg" is a lead, not the default: it reads 7 to 11 % faster at depth on the H200, but the GPU tests
 at c974d7e failed with it (a real session re-read after a rollback differed from its fresh prefill,
-and the warm-up check refused spans of 8 and 16 chunks), and dd7f14a's fix for the race it points
-to (a slot fetched into while the other warpgroup may still read it) has not run on a GPU yet.
+and the warm-up check refused spans of 8 and 16 chunks; mixed batches of sessions passed). Both
+failures are where a session's rows above a chunk hold data when the chunk is read; the cause is
+not known yet.
 
 Set ``KERNEL`` once, before the first read: the split rule (and so a session's bits) follows the
 kernel's row blocks (``block_rows``), so a process reads with one kernel throughout.

@@ -14,8 +14,9 @@ Exactness: each output element is the Triton kernel's sequence of operations on 
 64 x 256 x 16 for the values), keys in the same order, the same row reductions over the same
 register layouts and the same merge: at 64 rows a program the H200 gave the Triton kernel's bits in
 every case of the probe. At 128 rows the split rule is its own (``attention_kernel.block_rows``).
-A key or value slot is fetched into again only past a CTA barrier, once both warpgroups' products
-have read it (without it, the GPU tests at c974d7e failed: see ``attention_kernel``).
+At 128 rows the GPU tests at c974d7e failed with it (see ``attention_kernel``): the cause is not
+known yet. Not a slot fetched into while the other warpgroup still reads it: the compiled code
+(Triton 3.6, sm_90a) has a CTA barrier between each product's wait and the copy into its slot.
 
 Not under Triton's interpreter (Gluon has none): the CPU tests cannot run it; the probe compares it
 with the Triton kernel bit for bit on the GPU. Written for Triton 3.6's Gluon (the GPU image's);
@@ -137,10 +138,7 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         mbarrier.wait(v_ready.index(before % V_STAGES), (before // V_STAGES) & 1)
         acc = warpgroup_mma(p_prev, v_smem.index(before % V_STAGES), acc, is_async=True)
         scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
-        # tile j's keys are used, by both warpgroups once each has waited (the barrier: one thread
-        # issues the copy, and the other warpgroup's product may still be reading the slot): fetch
-        # tile j + STAGES's into their slot
-        gl.thread_barrier()
+        # tile j's keys are used: fetch tile j + STAGES's into their slot
         go = j + STAGES < tiles
         mbarrier.expect(k_ready.index(slot), nbytes, pred=go)
         _tma_load(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot),
@@ -156,9 +154,7 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         m_i = m_new
         l_i = l_i * alpha + gl.sum(p, 1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        # tile j - 1's values are used (by both warpgroups, past the barrier): fetch tile j - 1 +
-        # V_STAGES's into their slot
-        gl.thread_barrier()
+        # tile j - 1's values are used: fetch tile j - 1 + V_STAGES's into their slot
         go = (j > 0) & (j - 1 + V_STAGES < tiles)
         mbarrier.expect(v_ready.index(before % V_STAGES), nbytes, pred=go)
         _tma_load(vd, [lo + (j - 1 + V_STAGES) * BN, h * D], v_ready.index(before % V_STAGES),
