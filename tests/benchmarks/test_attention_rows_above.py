@@ -1,0 +1,21 @@
+"""The rows-above probe's own checks, run on the Triton kernel under the interpreter (small shapes,
+fp32): a chunk's attention ignores what the session's rows above it hold, and each chunk of a span
+read from one table equals that chunk read from a table of its own."""
+
+import torch
+
+import benchmarks.probes.attention_rows_above as probe
+
+
+def test_a_chunk_ignores_the_rows_above_it_and_a_span_equals_its_chunks(monkeypatch):
+    monkeypatch.setattr(probe, "DEVICE", "cpu")
+    monkeypatch.setattr(probe, "ROWS", 32)
+    monkeypatch.setattr(probe, "DIM", 16)
+    monkeypatch.setattr(torch.Tensor, "bfloat16", lambda self: self.float())  # the interpreter's products are fp32
+    gen = torch.Generator().manual_seed(1)
+    row = probe._chunk("triton", 64, gen)  # a chunk the split rule splits (2 splits at this shape)
+    assert row["splits"] > 1
+    for pair in ("call_zero_vs_random", "call_zero_vs_nan", "table_one_vs_call"):
+        assert row[pair]["equal"], (pair, row[pair])
+    assert len(row["span_entries_vs_alone"]) == probe.SPAN
+    assert all(entry["equal"] for entry in row["span_entries_vs_alone"]), row["span_entries_vs_alone"]
