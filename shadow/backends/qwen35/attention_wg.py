@@ -141,8 +141,7 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         # tile j's keys are used: fetch tile j + STAGES's into their slot
         go = j + STAGES < tiles
         mbarrier.expect(k_ready.index(slot), nbytes, pred=go)
-        _tma_load(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot),
-                                        pred=go)
+        _tma_load(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot), pred=go)
         if j >= full:  # the causal edge and the split's end
             cols = lo + j * BN + cols0
             keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
@@ -158,7 +157,7 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         go = (j > 0) & (j - 1 + V_STAGES < tiles)
         mbarrier.expect(v_ready.index(before % V_STAGES), nbytes, pred=go)
         _tma_load(vd, [lo + (j - 1 + V_STAGES) * BN, h * D], v_ready.index(before % V_STAGES),
-                                        v_smem.index(before % V_STAGES), pred=go)
+                  v_smem.index(before % V_STAGES), pred=go)
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
     if tiles > 0:
