@@ -10,14 +10,11 @@ the first one's bits; the first is the module's default, the second the kernel a
 so a call cut short keeps what it measured.
 
     python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
-    python -m benchmarks.probes.attention_triton --out DIR --leads cluster   # attention_triton-cluster.json
     python -m benchmarks.probes.attention_triton --out DIR --leads wg   # the Gluon kernel: attention_triton-wg.json
     python -m benchmarks.probes.attention_triton --once 33280 [--wg]   # one call (for ncu), nothing written
 
-The cluster leads ask whether the kernel is held by L2's bandwidth: at 64 rows a program, every
-program fetches every K and V tile of its split, about 2 GB through L2 for a 512-row chunk at 32k
-(8 TB/s at 514 TFLOP/s). A cluster of two CTAs (Triton's ``num_ctas``) may fetch a tile once for
-both; 128 rows in one CTA (8 warps) halves the traffic too, at the cost of a stage of shared memory.
+Clusters of two CTAs (Triton's ``num_ctas``, to share each key tile) were a lead set here: they do
+not compile in Triton 3.6 (``results/attention_triton-cluster.json``; the code is in git at b5d88f4).
 """
 
 from __future__ import annotations
@@ -45,17 +42,11 @@ DEFAULT = {"bm": attention.BM, "bn": attention.BN, "warps": attention.WARPS, "st
 LEADS: list[dict[str, Any]] = [  # changes to DEFAULT
     {"tma": False}, {"bm": 128, "bn": 64, "warps": 8, "stages": 2}, {"target": 264}, {"target": 132},
 ]
-CLUSTER_LEADS: list[dict[str, Any]] = [
-    {"bm": 128, "ctas": 2}, {"bm": 128, "warps": 8, "stages": 2}, {"bm": 256, "warps": 8, "stages": 2, "ctas": 2},
-    {"bm": 128, "bn": 32, "stages": 4, "ctas": 2}, {"ctas": 2},
-]
 WG_LEADS: list[dict[str, Any]] = [  # bm 128: two warpgroups share each tile (the split rule changes with it)
     {"kernel": "wg", "stages": 3}, {"kernel": "wg", "bm": 128, "stages": 3, "v_stages": 2},
 ]
 VARIANT_SETS = {"default": [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS],
-                "cluster": [DEFAULT] + [{**DEFAULT, **lead} for lead in CLUSTER_LEADS],
                 "wg": [DEFAULT] + [{**DEFAULT, **lead} for lead in WG_LEADS]}
-CLUSTER_CASES = [(512, 33280), (512, 100864), (512, 8704)]
 CASES = [(512, 33280), (512, 100864), (384, 33152), (304, 33072), (512, 8704), (32, 33024), (512, 512)]
 
 
@@ -110,7 +101,7 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
                                        v_stages=variant.get("v_stages", variant["stages"]))
         return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
                                 stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
-                                tma=variant["tma"], fold=variant["fold"], ctas=variant.get("ctas", 1))
+                                tma=variant["tma"], fold=variant["fold"])
 
     try:
         kernel = ours()
@@ -156,7 +147,7 @@ def main() -> None:
         parser.error("--out is required")
     args.out.mkdir(parents=True, exist_ok=True)
     name = "attention_triton.json" if args.leads == "default" else f"attention_triton-{args.leads}.json"
-    cases = [prepare(n, end) for n, end in (CLUSTER_CASES if args.leads == "cluster" else CASES)]
+    cases = [prepare(n, end) for n, end in CASES]
     for c in cases:
         r = c["row"]
         print(f"rows {r['rows']:4d} keys {r['keys']:6d}: flash {r['flash_ms']:.3f} ms "

@@ -262,14 +262,12 @@ def _descriptor(t: torch.Tensor, end: int, block: list[int]) -> TensorDescriptor
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            bm: int = BM, bn: int = BN, warps: int = WARPS, stages: int = STAGES, min_split: int = MIN_SPLIT,
-           target: int | None = None, tma: bool = TMA, fold: bool = FOLD, ctas: int = 1) -> Any:
+           target: int | None = None, tma: bool = TMA, fold: bool = FOLD) -> Any:
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
-    are not read). Returns the launched attention kernel (its registers and spills, for the probes).
-    ``ctas`` > 1 (a probe's lead, Hopper only) spreads a program's ``bm`` rows over a cluster of that
-    many CTAs, which may then share each K and V tile rather than each fetch it."""
-    shipped = (bm, bn, warps, stages, min_split, target, tma, fold, ctas) == (BM, BN, WARPS, STAGES, MIN_SPLIT, None,
-                                                                            TMA, FOLD, 1)
+    are not read). Returns the launched attention kernel (its registers and spills, for the probes)."""
+    shipped = (bm, bn, warps, stages, min_split, target, tma, fold) == (BM, BN, WARPS, STAGES, MIN_SPLIT, None, TMA,
+                                                                      FOLD)
     if shipped and attention_kernel.use_wg(q):  # a probe's own tiles stay on this module's kernel
         from . import attention_wg
 
@@ -293,8 +291,6 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
               out.stride(0), out.stride(1), rows_total, scale)
     shapes = {"G": g, "D": d, "BM": bm, "BN": bn, "UPCAST": UPCAST, "TMA": use_tma, "FOLD": fold, "num_warps": warps,
               "num_stages": stages}
-    if ctas > 1:
-        shapes["num_ctas"] = ctas
     descs = (k_desc, v_desc) if use_tma else (keys, values)
     if splits == 1:
         return _attn_kernel[grid](q, keys, values, *descs, out, out, out, out, start, n, end, step, 1, *common,
