@@ -110,18 +110,27 @@ def test_a_table_entry_refuses_rows_it_cannot_address():
         attention.table_row(8, 16, 4, k, k)  # 24 rows needed
 
 
-def test_the_split_rule_follows_the_kernel_in_use(monkeypatch):
-    """A table's split rule is the rule of the kernel that reads it: the Gluon lead's 128-row
-    programs split a chunk their own way, the Triton kernel's 64-row ones as before."""
+def test_the_split_rule_follows_the_kernel_that_reads_the_chunk(monkeypatch):
+    """A table's split rule is the rule of the kernel that reads its chunks: the Gluon lead's 128-row
+    programs split a chunk their own way, but only bf16 chunks of head dim 256 on the GPU go to it;
+    every other chunk keeps the Triton kernel's 64-row rule whatever ``KERNEL`` says (c974d7e's GPU
+    tests failed where a head-dim-32 table carried the 128-row rule into the Triton kernel)."""
     from shadow.backends.qwen35 import attention_kernel
 
+    bf16 = torch.bfloat16
     assert attention_kernel.kernel_in_use() == "triton"  # the default, and all a CPU can run
+    assert attention_kernel.block_rows("cuda", bf16, 256) == attention.BM
     narrow = attention.split_len(512 * 4, 2, 33280)
-    assert attention.split_fields(32768, 512, 8, 2) == (32768, narrow, -(-33280 // narrow))
+    assert attention.split_fields(32768, 512, 8, 2, attention.BM) == (32768, narrow, -(-33280 // narrow))
     monkeypatch.setattr(attention_kernel, "KERNEL", "wg")
-    assert attention_kernel.block_rows() == attention_kernel.WG_BM
+    assert attention_kernel.block_rows("cuda", bf16, 256) == attention_kernel.WG_BM
     wide = attention.split_len(512 * 4, 2, 33280, attention_kernel.WG_BM)
-    assert attention.split_fields(32768, 512, 8, 2) == (32768, wide, -(-33280 // wide))
+    assert attention.split_fields(32768, 512, 8, 2, attention_kernel.WG_BM) == (32768, wide, -(-33280 // wide))
     assert wide != narrow
-    # a chunk off the GPU stays on the Triton kernel whatever KERNEL says
-    assert not attention_kernel.use_wg(torch.zeros(1, 8, 256, dtype=torch.bfloat16))
+    for kind in (("cuda", bf16, 32), ("cuda", torch.float32, 256), ("cpu", bf16, 256)):
+        assert attention_kernel.block_rows(*kind) == attention.BM, kind
+    keys = torch.zeros(33280, 2, 256, dtype=bf16)  # off the GPU: the Triton kernel reads it, so its rule
+    assert attention.table_row(32768, 512, 8, keys, keys)[:3] == [32768, narrow, -(-33280 // narrow)]
+    assert not attention_kernel.use_wg(torch.zeros(1, 8, 256, dtype=bf16))
+
+

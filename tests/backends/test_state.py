@@ -74,9 +74,10 @@ def test_a_reads_table_is_each_chunks_row_and_follows_grown_buffers() -> None:
     from shadow.backends.qwen35.staging import read_table
 
     cfg = Qwen35Config.from_dict(demo_text_config())
-    heads, kvh = cfg.num_attention_heads, cfg.num_key_value_heads
+    heads = cfg.num_attention_heads
     grid, layers = 64, len(cfg.full_layers)
     states = [ModelState.empty(cfg, "cpu", torch.float32) for _ in range(3)]
+    like = states[0].k[0][:1]  # the KV rows' kind: heads, head dim, dtype and device
     for s, depth in zip(states, (0, 128, 4096), strict=True):
         s.reserve(depth + 2 * grid)
         s.length = depth
@@ -86,13 +87,13 @@ def test_a_reads_table_is_each_chunks_row_and_follows_grown_buffers() -> None:
                 for x in attention.table_row(at, grid, heads, s.k[i], s.v[i])]
 
     for seg in (grid, 2 * grid):
-        assert read_table(states, [s.length for s in states], seg, grid, layers, heads, kvh) == by_rows(seg)
+        assert read_table(states, [s.length for s in states], seg, grid, layers, heads, like) == by_rows(seg)
     old = weakref.ref(states[2].k[0])
     states[2].length = KV_STEP - grid
     states[2].reserve(KV_STEP + grid)  # grown: new buffers at new addresses
     gc.collect()
     assert old() is None, "the memo still holds a buffer its state dropped"
-    assert read_table(states, [s.length for s in states], grid, grid, layers, heads, kvh) == by_rows(grid)
+    assert read_table(states, [s.length for s in states], grid, grid, layers, heads, like) == by_rows(grid)
     states[1].length = states[1].capacity  # a state whose buffers are short of its chunk is refused
     with pytest.raises(ValueError, match="KV buffers hold"):
-        read_table(states, [s.length for s in states], grid, grid, layers, heads, kvh)
+        read_table(states, [s.length for s in states], grid, grid, layers, heads, like)

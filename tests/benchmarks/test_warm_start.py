@@ -55,7 +55,7 @@ def test_every_attention_variant_is_launched_at_each_captured_row_count(model: P
     big = warm.attention_sizes(fast)
     assert big == [32, 64] and max(fast.sizes) > GRID  # the batch passes' row counts are not attention's
     for n in big:
-        want = set(warm.split_classes(n, cfg.num_attention_heads, cfg.num_key_value_heads, GRID))
+        want = set(warm.split_classes(n, cfg.num_attention_heads, cfg.num_key_value_heads, GRID, attention.BM))
         assert {"one", "split"} <= want and launched[n] >= want, (n, launched.get(n))
     assert "split16" in launched[32]  # the merge over 16 splits: reached by the small forks' shape
 

@@ -321,7 +321,8 @@ def table_row(start: int, n: int, heads: int, keys: torch.Tensor, values: torch.
     """An entry's row: a chunk of ``n`` rows at ``start`` over ``keys``/``values`` (``[>= start + n,
     KV, D]``, rows first and contiguous), with the split rule ``attend`` applies at that depth."""
     check_kv(keys, values, start + n)
-    return [*split_fields(start, n, heads, keys.shape[1]), keys.data_ptr(), values.data_ptr()]
+    bm = attention_kernel.block_rows(keys.device.type, keys.dtype, keys.shape[2])
+    return [*split_fields(start, n, heads, keys.shape[1], bm), keys.data_ptr(), values.data_ptr()]
 
 
 def check_kv(keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
@@ -333,13 +334,10 @@ def check_kv(keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
                              f"got {list(t.shape)} with strides {t.stride()} at {t.data_ptr() % 16} past 16")
 
 
-def split_fields(start: int, n: int, heads: int, kv_heads: int) -> tuple[int, int, int]:
-    """An entry's (start, split length, splits): ``attend``'s rule for a chunk of ``n`` rows at ``start``."""
-    return _split_fields(start, n, heads, kv_heads, attention_kernel.block_rows())
-
-
 @functools.lru_cache(maxsize=4096)
-def _split_fields(start: int, n: int, heads: int, kv_heads: int, bm: int) -> tuple[int, int, int]:
+def split_fields(start: int, n: int, heads: int, kv_heads: int, bm: int) -> tuple[int, int, int]:
+    """An entry's (start, split length, splits): ``attend``'s rule for a chunk of ``n`` rows at
+    ``start``, in row blocks of ``bm`` (``attention_kernel.block_rows``: the kernel that reads it)."""
     step = split_len(n * (heads // kv_heads), kv_heads, start + n, bm)
     return start, step, -(-(start + n) // step)
 

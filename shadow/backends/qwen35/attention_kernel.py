@@ -5,14 +5,15 @@ Hopper, 128 rows a program, two warpgroups sharing each key and value tile), whi
 ``attention.attend`` and ``attend_table`` then hand bf16 chunks of head dim 256 on the GPU to. "auto":
 "wg" where the GPU is a Hopper and this Triton has Gluon's Hopper module, else "triton".
 
-"wg" is a lead, not the default: it reads 7 to 11 % faster at depth on the H200, but the GPU tests
-at c974d7e failed with it (a real session re-read after a rollback differed from its fresh prefill,
-and the warm-up check refused spans of 8 and 16 chunks; mixed batches of sessions passed). Both
-failures are where a session's rows above a chunk hold data when the chunk is read; the cause is
-not known yet.
+"wg" is a lead, not the default: it reads 7 to 11 % faster at depth on the H200. The GPU tests at
+c974d7e failed with it because the split rule's unit did not follow the kernel that served the
+chunk: ``block_rows`` said 128 for every chunk while only bf16 chunks of head dim 256 on the GPU go
+to the Gluon kernel, so a table built for the tests' head dim 32 carried the 128-row rule into the
+Triton kernel (more splits than its launch has programs for). The unit is now asked per kind of
+chunk (``block_rows(device_type, dtype, head_dim)``), as ``use_wg`` decides.
 
 Set ``KERNEL`` once, before the first read: the split rule (and so a session's bits) follows the
-kernel's row blocks (``block_rows``), so a process reads with one kernel throughout.
+kernel's row blocks, so a process reads with one kernel throughout.
 """
 
 from __future__ import annotations
@@ -46,19 +47,19 @@ def kernel_in_use() -> str:
     return _resolve(KERNEL)
 
 
-def block_rows() -> int:
-    """The packed query rows of one program of the kernel in use: the split rule's unit (asked for
-    every chunk of a read's table, so looked up once per setting)."""
-    return _block_rows(KERNEL)
-
-
-@functools.cache
-def _block_rows(kernel: str) -> int:
-    from . import attention  # which imports this module
-
-    return WG_BM if _resolve(kernel) == "wg" else attention.BM
+def serves_wg(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether ``attention_wg`` reads chunks of this kind: bf16, head dim 256, on the GPU, with "wg" in use."""
+    return device_type == "cuda" and dtype == torch.bfloat16 and head_dim == 256 and kernel_in_use() == "wg"
 
 
 def use_wg(q: torch.Tensor) -> bool:
     """Whether ``attention_wg`` serves this chunk's queries."""
-    return q.is_cuda and q.dtype == torch.bfloat16 and q.shape[2] == 256 and kernel_in_use() == "wg"
+    return serves_wg(q.device.type, q.dtype, q.shape[2])
+
+
+def block_rows(device_type: str, dtype: torch.dtype, head_dim: int) -> int:
+    """The packed query rows of one program of the kernel that reads chunks of this kind: the split
+    rule's unit. A table's rows and the launch that reads them must agree on it."""
+    from . import attention  # which imports this module
+
+    return WG_BM if serves_wg(device_type, dtype, head_dim) else attention.BM

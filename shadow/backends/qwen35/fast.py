@@ -326,7 +326,7 @@ class FastForward:
         for s in states:
             s.reserve(s.length + seg)
         table = read_table(states, starts, seg, self.grid, self.n_attn, self.cfg.num_attention_heads,
-                           self.cfg.num_key_value_heads)
+                           self._kv_like)
         r.stage(ids, starts, seg, table, sources)
         if r.whole is not None:
             r.whole.replay()

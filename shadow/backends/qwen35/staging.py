@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import attention
+from . import attention, attention_kernel
 from .state import ModelState
 
 # Host staging slots per row count: the host may queue this many passes (a fork's decode) before it
@@ -152,13 +152,14 @@ def stacked(views: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
 
 def read_table(states: Sequence[ModelState], starts: Sequence[int], seg: int, grid: int, layers: int, heads: int,
-               kv_heads: int) -> list[int]:
+               like: torch.Tensor) -> list[int]:
     """A read's attention table (``attention.attend_table``), flattened: a row per attention layer
     and grid chunk, each at its own start. Host time the device waits for, so what does not change
     from one pass to the next (a session's KV addresses, checked) is kept with the session
     (``ModelState.memo``): 0.35 -> 0.08 ms of host code a pass of 8 sessions on a CPU
     (``benchmarks/probes/read_host.py``), with the slots' addresses kept likewise."""
-    chunks = [[attention.split_fields(at, grid, heads, kv_heads) for at in range(start, start + seg, grid)]
+    kv_heads, bm = like.shape[1], attention_kernel.block_rows(like.device.type, like.dtype, like.shape[2])
+    chunks = [[attention.split_fields(at, grid, heads, kv_heads, bm) for at in range(start, start + seg, grid)]
               for start in starts]
     held = [s.memo("kv", s.k + s.v, functools.partial(_kv_addresses, s)) for s in states]
     for (rows, _), start in zip(held, starts, strict=True):

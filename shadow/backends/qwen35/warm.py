@@ -37,15 +37,16 @@ if TYPE_CHECKING:
     from .fast import FastForward
 
 
-def split_classes(rows: int, heads: int, kv_heads: int, grid: int, most: int = 16) -> dict[str, int]:
+def split_classes(rows: int, heads: int, kv_heads: int, grid: int, bm: int, most: int = 16) -> dict[str, int]:
     """The key count (``end``) of a pass of ``rows`` query rows, on the grid, at which the attention
-    takes each variant: ``one`` split; ``split`` (a split count not a multiple of 16); ``split16``
-    (one that is, where the shape allows that many)."""
+    (programs of ``bm`` rows, ``attention_kernel.block_rows``) takes each variant: ``one`` split;
+    ``split`` (a split count not a multiple of 16); ``split16`` (one that is, where the shape allows
+    that many)."""
     g = heads // kv_heads
     found: dict[str, int] = {}
     limit = most * attention.MIN_SPLIT + grid
     for end in range(rows, limit + 1, grid):
-        step = attention.split_len(rows * g, kv_heads, end, attention_kernel.block_rows())
+        step = attention.split_len(rows * g, kv_heads, end, bm)
         splits = -(-end // step)
         kind = "one" if splits == 1 else ("split16" if splits % 16 == 0 else "split")
         found.setdefault(kind, end)
@@ -64,9 +65,10 @@ def _attention_variants(fast: FastForward) -> int:
     """Each of ``attention_sizes`` at the depths of each variant; launches made."""
     cfg = fast.cfg
     heads, kv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    bm = attention_kernel.block_rows(fast.device.type, fast.model.dtype, d)
     launched = 0
     for n in attention_sizes(fast):
-        for end in split_classes(n, heads, kv, fast.grid).values():
+        for end in split_classes(n, heads, kv, fast.grid, bm).values():
             q = torch.zeros(n, heads, d, device=fast.device, dtype=fast.model.dtype)
             keys = torch.zeros(end, kv, d, device=fast.device, dtype=fast.model.dtype)
             out = torch.empty_like(q)
