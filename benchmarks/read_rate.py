@@ -313,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", default=None, help="where the random checkpoints are written (default: the system's)")
     ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
     ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
-    ap.add_argument("--attention", default="triton", choices=["auto", "triton", "wg"],
-                    help="the chunk attention kernel (attention_kernel.KERNEL; wg: the Gluon one, Hopper only)")
+    ap.add_argument("--attention", default="auto", choices=["auto", "triton", "wg"],
+                    help="the chunk attention kernel (attention_kernel.KERNEL; auto, the shipped choice: the "
+                         "Gluon one on a Hopper; a kernel named here writes read_rate-<kernel>.json)")
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
     ap.add_argument("--child-fresh", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["attention_kernel"] = attention_kernel.kernel_in_use()
     suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "") + (
-        "-wg" if result["attention_kernel"] == "wg" else "")
+        "" if args.attention == "auto" else f"-{args.attention}")
     out = Path(args.out) / f"read_rate{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     keep_newest(out)

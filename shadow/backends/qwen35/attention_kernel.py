@@ -1,16 +1,16 @@
 """Which chunk attention kernel a process reads with, and the split rule's unit that follows it.
 
-"triton" (the default): ``attention.py``'s kernel, everywhere. "wg": ``attention_wg`` (Gluon for
+"auto" (the default): "wg" where the GPU is a Hopper and this Triton has Gluon's Hopper module,
+else "triton". "triton": ``attention.py``'s kernel, everywhere. "wg": ``attention_wg`` (Gluon for
 Hopper, 128 rows a program, two warpgroups sharing each key and value tile), which
-``attention.attend`` and ``attend_table`` then hand bf16 chunks of head dim 256 on the GPU to. "auto":
-"wg" where the GPU is a Hopper and this Triton has Gluon's Hopper module, else "triton".
+``attention.attend`` and ``attend_table`` then hand bf16 chunks of head dim 256 on the GPU to; every
+other chunk stays on the Triton kernel.
 
-"wg" is a lead, not the default: it reads 7 to 11 % faster at depth on the H200. The GPU tests at
-c974d7e failed with it because the split rule's unit did not follow the kernel that served the
-chunk: ``block_rows`` said 128 for every chunk while only bf16 chunks of head dim 256 on the GPU go
-to the Gluon kernel, so a table built for the tests' head dim 32 carried the 128-row rule into the
-Triton kernel (more splits than its launch has programs for). The unit is now asked per kind of
-chunk (``block_rows(device_type, dtype, head_dim)``), as ``use_wg`` decides.
+On the H200 "wg" reads 7 to 11 % faster at depth (``benchmarks/results/read_rate-wg.json``). The GPU
+tests at c974d7e failed with it because the split rule's unit did not follow the kernel that served
+the chunk: a table built for the tests' head dim 32 carried the 128-row rule into the Triton kernel,
+which had too few split programs for it. The unit is now asked per kind of chunk
+(``block_rows(device_type, dtype, head_dim)``), as ``use_wg`` decides.
 
 Set ``KERNEL`` once, before the first read: the split rule (and so a session's bits) follows the
 kernel's row blocks, so a process reads with one kernel throughout.
@@ -23,7 +23,7 @@ import os
 
 import torch
 
-KERNEL = "triton"
+KERNEL = "auto"
 WG_BM, WG_STAGES, WG_V_STAGES = 128, 3, 2
 
 
