@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", default=None, help="where the random checkpoints are written (default: the system's)")
     ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
     ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
-    ap.add_argument("--attention", default="auto", choices=["auto", "triton", "wg"],
+    ap.add_argument("--attention", default="auto", choices=["auto", "triton", "wg", "ws"],
                     help="the chunk attention kernel (attention_kernel.KERNEL; auto, the shipped choice: the "
                          "Gluon one on a Hopper; a kernel named here writes read_rate-<kernel>.json)")
     ap.add_argument("--child-model", help=argparse.SUPPRESS)

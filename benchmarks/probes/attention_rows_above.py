@@ -85,7 +85,7 @@ def _chunk(kernel: str, start: int, gen: torch.Generator) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--kernels", nargs="+", default=["triton", "wg"], choices=["triton", "wg"])
+    parser.add_argument("--kernels", nargs="+", default=["triton", "wg"], choices=["triton", "wg", "ws"])
     args = parser.parse_args()
     from shadow.backends.qwen35 import attention_kernel
 

@@ -11,6 +11,7 @@ so a call cut short keeps what it measured.
 
     python -m benchmarks.probes.attention_triton --out DIR      # writes DIR/attention_triton.json
     python -m benchmarks.probes.attention_triton --out DIR --leads wg   # the Gluon kernel: attention_triton-wg.json
+    python -m benchmarks.probes.attention_triton --out DIR --leads ws   # it warp-specialised: attention_triton-ws.json
     python -m benchmarks.probes.attention_triton --once 33280 [--wg]   # one call (for ncu), nothing written
 
 Clusters of two CTAs (Triton's ``num_ctas``, to share each key tile) were a lead set here: they do
@@ -45,8 +46,11 @@ LEADS: list[dict[str, Any]] = [  # changes to DEFAULT
 WG_LEADS: list[dict[str, Any]] = [  # bm 128: two warpgroups share each tile (the split rule changes with it)
     {"kernel": "wg", "stages": 3}, {"kernel": "wg", "bm": 128, "stages": 3, "v_stages": 2},
 ]
+WG_SHIPPED = {**DEFAULT, "kernel": "wg", "bm": 128, "stages": 3, "v_stages": 2}
 VARIANT_SETS = {"default": [DEFAULT, OLD] + [{**DEFAULT, **lead} for lead in LEADS],
-                "wg": [DEFAULT] + [{**DEFAULT, **lead} for lead in WG_LEADS]}
+                "wg": [DEFAULT] + [{**DEFAULT, **lead} for lead in WG_LEADS],
+                # the shipped Gluon kernel first (the bits the lead must give), then it warp-specialised
+                "ws": [WG_SHIPPED, {**WG_SHIPPED, "kernel": "ws"}]}
 CASES = [(512, 33280), (512, 100864), (384, 33152), (304, 33072), (512, 8704), (32, 33024), (512, 512)]
 
 
@@ -95,6 +99,9 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
     out = torch.empty_like(q)
 
     def ours() -> Any:
+        if variant.get("kernel") == "ws":
+            from shadow.backends.qwen35 import attention_ws
+            return attention_ws.attend(q, k, v, start, out, stages=variant["stages"], v_stages=variant["v_stages"])
         if variant.get("kernel") == "wg":  # imported here: Gluon's Hopper modules are not needed elsewhere
             from shadow.backends.qwen35 import attention_wg
             return attention_wg.attend(q, k, v, start, out, bm=variant["bm"], stages=variant["stages"],

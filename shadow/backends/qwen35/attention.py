@@ -269,10 +269,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     shipped = (bm, bn, warps, stages, min_split, target, tma, fold) == (BM, BN, WARPS, STAGES, MIN_SPLIT, None, TMA,
                                                                       FOLD)
     if shipped and attention_kernel.use_wg(q):  # a probe's own tiles stay on this module's kernel
-        from . import attention_wg
-
-        return attention_wg.attend(q, keys, values, start, out, bm=attention_kernel.WG_BM,
-                                   stages=attention_kernel.WG_STAGES, v_stages=attention_kernel.WG_V_STAGES)
+        return attention_kernel.gluon_attend(q, keys, values, start, out)
     n, heads, d = q.shape
     kv = keys.shape[1]
     g = heads // kv
@@ -351,10 +348,7 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     gives ``attend``'s bits for that chunk whatever the other entries hold. ``like`` is any tensor of
     the KV rows' dtype and ``[.., KV, D]`` contiguous layout (the kernel takes its strides)."""
     if attention_kernel.use_wg(q):
-        from . import attention_wg
-
-        attention_wg.attend_table(q, table, like, out, bm=attention_kernel.WG_BM, stages=attention_kernel.WG_STAGES,
-                                  v_stages=attention_kernel.WG_V_STAGES)
+        attention_kernel.gluon_attend_table(q, table, like, out)
         return
     entries = table.shape[0]
     rows, heads, d = q.shape

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any
 
 import torch
 
 KERNEL = "auto"
+# the Gluon kernels; "ws", attention_ws (attention_wg's programs warp-specialised), is a lead
+GLUON = ("wg", "ws")
 WG_BM, WG_STAGES, WG_V_STAGES = 128, 3, 2
 
 
@@ -48,8 +51,32 @@ def kernel_in_use() -> str:
 
 
 def serves_wg(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether ``attention_wg`` reads chunks of this kind: bf16, head dim 256, on the GPU, with "wg" in use."""
-    return device_type == "cuda" and dtype == torch.bfloat16 and head_dim == 256 and kernel_in_use() == "wg"
+    """Whether a Gluon kernel reads chunks of this kind: bf16, head dim 256, on the GPU, with "wg" (or
+    the lead "ws") in use."""
+    return device_type == "cuda" and dtype == torch.bfloat16 and head_dim == 256 and kernel_in_use() in GLUON
+
+
+def gluon_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor) -> Any:
+    """``attention.attend`` through the Gluon kernel in use (``use_wg`` holds)."""
+    if kernel_in_use() == "ws":
+        from . import attention_ws
+
+        return attention_ws.attend(q, keys, values, start, out, WG_STAGES, WG_V_STAGES)
+    from . import attention_wg
+
+    return attention_wg.attend(q, keys, values, start, out, WG_BM, WG_STAGES, WG_V_STAGES)
+
+
+def gluon_attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor) -> None:
+    """``attention.attend_table`` through the Gluon kernel in use (``use_wg`` holds)."""
+    if kernel_in_use() == "ws":
+        from . import attention_ws
+
+        attention_ws.attend_table(q, table, like, out, WG_STAGES, WG_V_STAGES)
+        return
+    from . import attention_wg
+
+    attention_wg.attend_table(q, table, like, out, WG_BM, WG_STAGES, WG_V_STAGES)
 
 
 def use_wg(q: torch.Tensor) -> bool:

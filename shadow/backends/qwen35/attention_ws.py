@@ -1,0 +1,236 @@
+"""``attention_wg``'s 128-row programs, warp-specialised: a lead measured against it.
+
+Why: in ``attention_wg`` the two warpgroups of a program walk the key tiles in lockstep, since a
+slot is fetched into again only after a CTA barrier that both reach. Here each warpgroup is a
+partition of its own (64 query rows), and two one-warp partitions fetch the key and the value
+tiles, each slot handed back by both consumers on an "empty" barrier: a consumer never waits for
+the other, so one can take its softmax while the other's products run (FlashAttention-3's
+ping-pong, left to the warp schedulers).
+
+Exactness: each warpgroup runs ``attention_wg``'s code for its 64 rows: the same tiles in the
+same order, the same instruction shapes, the same row reductions and the same epilogue, over the
+same key range (the program's, as there). So the bits are ``attention_wg``'s at 128 rows, and the
+split rule its (``attention_kernel.block_rows``): checked with ``torch.equal`` on the H200 by
+``benchmarks/probes/attention_triton.py --leads ws``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from . import attention
+from .attention_wg import BN, _tma_load, kv_layout
+
+ROWS = 64  # a consumer warpgroup's query rows; a program has two
+_ROWS, _BN = gl.constexpr(ROWS), gl.constexpr(BN)  # as the kernels read them
+
+
+# A worker partition's arguments reach it as run-time values (Triton 3.6 keeps no constexpr across
+# the split), so the partitions read their shapes from the shared buffers' types.
+@gluon.jit
+def _consume(wg: gl.constexpr, q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready,
+             v_empty, pid_m, h, e, s, start, n, lo, hi, tiles, max_splits, kv_heads, to_part, stride_qt, stride_qh,
+             stride_ot, stride_oh, rows_total, qk_scale, G):
+    D: gl.constexpr = q_smem.type.shape[2]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    BM: gl.constexpr = _ROWS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _BN, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    base = pid_m * 2 * BM + wg * BM  # this warpgroup's first packed row
+
+    rows_l = base + gl.arange(0, BM, layout=gl.SliceLayout(1, load_layout))
+    d_l = gl.arange(0, D, layout=gl.SliceLayout(0, load_layout))
+    t_l = rows_l // G
+    q = gl.load(q_ptr + (t_l * stride_qt + (h * G + rows_l % G) * stride_qh)[:, None] + d_l[None, :],
+                mask=(t_l < n)[:, None], other=0.0)
+    q_one = q_smem.index(wg)
+    q_one.store(q)
+    fence_async_shared()
+
+    full = (gl.minimum(hi, start + base // G + 1) - lo) // _BN
+    rows_s = base + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    pos = start + rows_s // G
+    cols0 = gl.arange(0, _BN, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l_i = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
+    zeros_s = gl.zeros([BM, _BN], gl.float32, layout=s_layout)
+    p_prev = gl.zeros([BM, _BN], gl.bfloat16, layout=p_layout)
+    for j in range(0, tiles):
+        slot = j % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        scores = warpgroup_mma(q_one, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
+        before = gl.maximum(j - 1, 0)
+        mbarrier.wait(v_ready.index(before % V_STAGES), (before // V_STAGES) & 1)
+        acc = warpgroup_mma(p_prev, v_smem.index(before % V_STAGES), acc, is_async=True)
+        scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)  # this warpgroup is done with tile j's keys
+        if j >= full:
+            cols = lo + j * _BN + cols0
+            keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
+            scores = gl.where(keep, scores, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(scores * qk_scale - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        m_i = m_new
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(before % V_STAGES), count=1, pred=j > 0)  # and with tile j - 1's values
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+    if tiles > 0:
+        last = tiles - 1
+        mbarrier.wait(v_ready.index(last % V_STAGES), (last // V_STAGES) & 1)
+        acc = warpgroup_mma(p_prev, v_smem.index(last % V_STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    seen = l_i > 0
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    rows_o = base + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
+    t_o = rows_o // G
+    ok_o = t_o < n
+    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    if to_part:
+        at = ((e * max_splits + s) * kv_heads + h) * rows_total + rows_o
+        gl.store(part_ptr + at[:, None] * D + d_o[None, :], out, mask=ok_o[:, None])
+        at_s = ((e * max_splits + s) * kv_heads + h) * rows_total + rows_s
+        gl.store(lse_ptr + at_s, gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), float("-inf")),
+                 mask=rows_s // G < n)
+    else:
+        gl.store(o_ptr + (t_o * stride_ot + (h * G + rows_o % G) * stride_oh)[:, None] + d_o[None, :],
+                 out.to(gl.bfloat16), mask=ok_o[:, None])
+
+
+@gluon.jit
+def _consume_second(q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                    pid_m, h, e, s, start, n, lo, hi, tiles, max_splits, kv_heads, to_part, stride_qt, stride_qh,
+                    stride_ot, stride_oh, rows_total, qk_scale, G):
+    _consume(1, q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, pid_m, h,
+             e, s, start, n, lo, hi, tiles, max_splits, kv_heads, to_part, stride_qt, stride_qh, stride_ot, stride_oh,
+             rows_total, qk_scale, G)
+
+
+@gluon.jit
+def _fetch(desc, smem, ready, empty, lo, h, tiles):
+    """Tile j of ``desc`` into slot j % slots, once both consumers have handed the slot back."""
+    D: gl.constexpr = smem.type.shape[2]
+    SLOTS: gl.constexpr = smem.type.shape[0]
+    for j in range(0, tiles):
+        slot = j % SLOTS
+        mbarrier.wait(empty.index(slot), ((j // SLOTS) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
+        mbarrier.expect(ready.index(slot), _BN * D * 2)
+        _tma_load(desc, [lo + j * _BN, h * D], ready.index(slot), smem.index(slot))
+
+
+@gluon.jit
+def _attn_ws_kernel(q_ptr, o_ptr, part_ptr, lse_ptr, tab_ptr, n, max_splits, stride_qt, stride_qh, stride_kt, stride_ot,
+                    stride_oh, rows_total, qk_scale, G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                    V_STAGES: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr, REGS: gl.constexpr):
+    # attention_wg's table mode, the only one here (a launch without a table fails to lower in Triton
+    # 3.6): program axis 2 is (entry, split), the entry's numbers from its row of the table
+    pid_m = gl.program_id(0)
+    h = gl.program_id(1)
+    e = gl.program_id(2) // max_splits
+    s = gl.program_id(2) % max_splits
+    row = tab_ptr + e * 5
+    start = gl.load(row).to(gl.int32)
+    split_len = gl.load(row + 1).to(gl.int32)
+    splits = gl.load(row + 2)
+    if s >= splits:
+        return
+    to_part = splits > 1
+    q_ptr += e * n * stride_qt
+    o_ptr += e * n * stride_ot
+    end = start + n
+    k_base = gl.load(row + 3).to(gl.pointer_type(gl.bfloat16))
+    v_base = gl.load(row + 4).to(gl.pointer_type(gl.bfloat16))
+    kd = tma.make_tensor_descriptor(k_base, [end, stride_kt], [stride_kt, 1], [_BN, D], KV_LAYOUT)
+    vd = tma.make_tensor_descriptor(v_base, [end, stride_kt], [stride_kt, 1], [_BN, D], KV_LAYOUT)
+
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, _ROWS, D], Q_LAYOUT)
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, _BN, D], KV_LAYOUT)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [V_STAGES, _BN, D], KV_LAYOUT)
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=2)  # both consumers hand a slot back
+    for i in gl.static_range(V_STAGES):
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=2)
+
+    lo = s * split_len
+    t_max = gl.minimum(pid_m * 2 * _ROWS + 2 * _ROWS - 1, rows_total - 1) // G
+    hi = gl.minimum(gl.minimum(lo + split_len, end), start + t_max + 1)
+    tiles = gl.maximum(hi - lo + _BN - 1, 0) // _BN
+    kv_heads = gl.num_programs(1)
+    g = G + gl.program_id(0) * 0  # G as a run-time value: what the second consumer sees, so both see the same
+    gl.warp_specialize([
+        (_consume, (0, q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty,
+                    pid_m, h, e, s, start, n, lo, hi, tiles, max_splits, kv_heads, to_part, stride_qt, stride_qh,
+                    stride_ot, stride_oh, rows_total, qk_scale, g)),
+        (_consume_second, (q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, v_smem, k_ready, k_empty, v_ready,
+                           v_empty, pid_m, h, e, s, start, n, lo, hi, tiles, max_splits, kv_heads, to_part,
+                           stride_qt, stride_qh, stride_ot, stride_oh, rows_total, qk_scale, g)),
+        (_fetch, (kd, k_smem, k_ready, k_empty, lo, h, tiles)),
+        (_fetch, (vd, v_smem, v_ready, v_empty, lo, h, tiles)),
+    ], [4, 1, 1], [REGS, 24, 24])
+
+
+def _shapes(g: int, d: int, stages: int, v_stages: int) -> dict[str, Any]:
+    return {"G": g, "D": d, "STAGES": stages, "V_STAGES": v_stages,
+            "Q_LAYOUT": gl.NVMMASharedLayout.get_default_for([ROWS, d], gl.bfloat16), "KV_LAYOUT": kv_layout(d),
+            "REGS": REGS, "num_warps": 4, "maxnreg": MAXNREG}
+
+
+# 12 warps launched (4 + 4 + 1 + 1, rounded to warpgroups) at MAXNREG registers a thread; then the
+# fetching warps give theirs back and the consumer partition takes REGS (the default partition what is left)
+MAXNREG, REGS = 168, 240
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
+           stages: int = 3, v_stages: int = 2) -> None:
+    """``attention_wg.attend`` at 128 rows a program, through this kernel: as a table of one entry (the
+    kernel's launch without a table fails to lower in Triton 3.6), the same split rule and merge."""
+    n, heads, _ = q.shape
+    step = attention.split_len(n * (heads // keys.shape[1]), keys.shape[1], start + n, 2 * ROWS, BN)
+    row = [start, step, -(-(start + n) // step), keys.data_ptr(), values.data_ptr()]
+    attend_table(q, torch.tensor([row], device=q.device), keys, out, stages, v_stages)
+
+
+def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, stages: int = 3,
+                 v_stages: int = 2) -> None:
+    """``attention_wg.attend_table`` at 128 rows a program, through this kernel."""
+    entries = table.shape[0]
+    rows, heads, d = q.shape
+    n, kv = rows // entries, like.shape[1]
+    g = heads // kv
+    rows_total = n * g
+    most = attention.most_splits(rows_total, kv, 2 * ROWS)
+    part = torch.empty(entries * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
+    lse = torch.empty(entries * most * kv * rows_total, device=q.device, dtype=torch.float32)
+    attention._scratch_for_descriptors(q.device)
+    _attn_ws_kernel[(triton.cdiv(rows_total, 2 * ROWS), kv, entries * most)](
+        q, out, part, lse, table, n, most, q.stride(0), q.stride(1), like.stride(0), out.stride(0), out.stride(1),
+        rows_total, d ** -0.5 * attention.LOG2E, **_shapes(g, d, stages, v_stages))
+    if most > 1:
+        attention.merge_table(part, lse, out, table, n, most, kv, rows_total, g, d)
