@@ -1,15 +1,16 @@
 """Which chunk attention kernel a process reads with, and the split rule's unit that follows it.
 
-"auto" (the default): "wg" where the GPU is a Hopper and this Triton has Gluon's Hopper module,
+"auto" (the default): "ws" where the GPU is a Hopper and this Triton has Gluon's Hopper module,
 else "triton". "triton": ``attention.py``'s kernel, everywhere. "wg": ``attention_wg`` (Gluon for
-Hopper, 128 rows a program, two warpgroups sharing each key and value tile), which
-``attention.attend`` and ``attend_table`` then hand bf16 chunks of head dim 256 on the GPU to; every
-other chunk stays on the Triton kernel.
+Hopper, 128 rows a program, two warpgroups sharing each key and value tile). "ws": ``attention_ws``,
+the same programs warp-specialised (each warpgroup a consumer partition, a warp fetching keys and
+one values), the same bits as "wg" (``benchmarks/results/attention_triton-ws.json``) and faster in a
+read's pass. ``attention.attend`` and ``attend_table`` hand a Gluon kernel bf16 chunks of head dim
+256 on the GPU; every other chunk stays on the Triton kernel.
 
-On the H200 "wg" reads 7 to 11 % faster at depth (``benchmarks/results/read_rate-wg.json``). The GPU
-tests at c974d7e failed with it because the split rule's unit did not follow the kernel that served
-the chunk: a table built for the tests' head dim 32 carried the 128-row rule into the Triton kernel,
-which had too few split programs for it. The unit is now asked per kind of chunk
+The GPU tests at c974d7e failed with "wg" because the split rule's unit did not follow the kernel
+that served the chunk: a table built for the tests' head dim 32 carried the 128-row rule into the
+Triton kernel, which had too few split programs for it. The unit is now asked per kind of chunk
 (``block_rows(device_type, dtype, head_dim)``), as ``use_wg`` decides.
 
 Set ``KERNEL`` once, before the first read: the split rule (and so a session's bits) follows the
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 KERNEL = "auto"
-# the Gluon kernels; "ws", attention_ws (attention_wg's programs warp-specialised), is a lead
+# the Gluon kernels, at 128 rows a program each (one split rule, one set of bits)
 GLUON = ("wg", "ws")
 WG_BM, WG_STAGES, WG_V_STAGES = 128, 3, 2
 
@@ -39,10 +40,10 @@ def _resolve(kernel: str) -> str:
     if torch.cuda.get_device_capability()[0] != 9:  # wgmma is Hopper's alone
         return "triton"
     try:
-        from . import attention_wg  # noqa: F401
+        from . import attention_ws  # noqa: F401
     except Exception:  # a Triton without Gluon's Hopper module
         return "triton"
-    return "wg"
+    return "ws"
 
 
 def kernel_in_use() -> str:

@@ -1,4 +1,5 @@
-"""``attention_wg``'s 128-row programs, warp-specialised: a lead measured against it.
+"""``attention_wg``'s 128-row programs, warp-specialised: the chunk attention on a Hopper
+(``attention_kernel``: "auto" resolves to it).
 
 Why: in ``attention_wg`` the two warpgroups of a program walk the key tiles in lockstep, since a
 slot is fetched into again only after a CTA barrier that both reach. Here each warpgroup is a
@@ -10,8 +11,8 @@ ping-pong, left to the warp schedulers).
 Exactness: each warpgroup runs ``attention_wg``'s code for its 64 rows: the same tiles in the
 same order, the same instruction shapes, the same row reductions and the same epilogue, over the
 same key range (the program's, as there). So the bits are ``attention_wg``'s at 128 rows, and the
-split rule its (``attention_kernel.block_rows``): checked with ``torch.equal`` on the H200 by
-``benchmarks/probes/attention_triton.py --leads ws``.
+split rule its (``attention_kernel.block_rows``): ``torch.equal`` to it in every case of
+``benchmarks/probes/attention_triton.py --leads ws`` on the H200 (``results/attention_triton-ws.json``).
 """
 
 from __future__ import annotations
@@ -210,11 +211,17 @@ MAXNREG, REGS = 168, 240
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            stages: int = 3, v_stages: int = 2) -> None:
     """``attention_wg.attend`` at 128 rows a program, through this kernel: as a table of one entry (the
-    kernel's launch without a table fails to lower in Triton 3.6), the same split rule and merge."""
+    kernel's launch without a table fails to lower in Triton 3.6), the same split rule and merge. The
+    row crosses from pinned memory without waiting for the stream (a synchronous copy cost a chunk's
+    question about a millisecond at 32k), so the call cannot be captured in a graph: a replay would
+    copy whatever that host memory holds then."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("attention_ws.attend stages its table from host memory: not in a captured graph")
     n, heads, _ = q.shape
+    attention.check_kv(keys, values, start + n)
     step = attention.split_len(n * (heads // keys.shape[1]), keys.shape[1], start + n, 2 * ROWS, BN)
-    row = [start, step, -(-(start + n) // step), keys.data_ptr(), values.data_ptr()]
-    attend_table(q, torch.tensor([row], device=q.device), keys, out, stages, v_stages)
+    row = torch.tensor([[start, step, -(-(start + n) // step), keys.data_ptr(), values.data_ptr()]]).pin_memory()
+    attend_table(q, row.to(q.device, non_blocking=True), keys, out, stages, v_stages)
 
 
 def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, stages: int = 3,
