@@ -58,11 +58,10 @@ def serves_wg(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
 
 
 def gluon_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor) -> Any:
-    """``attention.attend`` through the Gluon kernel in use (``use_wg`` holds)."""
-    if kernel_in_use() == "ws":
-        from . import attention_ws
-
-        return attention_ws.attend(q, keys, values, start, out, WG_STAGES, WG_V_STAGES)
+    """``attention.attend`` through a Gluon kernel (``use_wg`` holds): ``attention_wg``'s, whichever is
+    in use. "ws" gives its bits, but its call stages a one-entry table from the host, which cost the
+    300-id question at 32k 4.92 ms against 3.88 on the H200 (``results/read_rate.json`` at af52d82
+    and ``results/history/read_rate_5d8828d.json``); a read's pass, which brings its table, takes "ws"."""
     from . import attention_wg
 
     return attention_wg.attend(q, keys, values, start, out, WG_BM, WG_STAGES, WG_V_STAGES)
