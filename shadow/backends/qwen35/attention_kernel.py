@@ -60,7 +60,7 @@ def serves_wg(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
 def gluon_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor) -> Any:
     """``attention.attend`` through a Gluon kernel (``use_wg`` holds): ``attention_wg``'s, whichever is
     in use. "ws" gives its bits, but its call stages a one-entry table from the host, which cost the
-    300-id question at 32k 4.92 ms against 3.88 on the H200 (``results/read_rate.json`` at af52d82
+    300-id question at 32k 4.92 ms against 3.88 on the H200 (``results/history/read_rate_af52d82.json``
     and ``results/history/read_rate_5d8828d.json``); a read's pass, which brings its table, takes "ws"."""
     from . import attention_wg
 
