@@ -122,15 +122,17 @@ def test_the_split_rule_follows_the_kernel_that_reads_the_chunk(monkeypatch):
     assert attention_kernel.block_rows("cuda", bf16, 256) == attention.BM
     narrow = attention.split_len(512 * 4, 2, 33280)
     assert attention.split_fields(32768, 512, 8, 2, attention.BM) == (32768, narrow, -(-33280 // narrow))
-    monkeypatch.setattr(attention_kernel, "KERNEL", "wg")
-    assert attention_kernel.block_rows("cuda", bf16, 256) == attention_kernel.WG_BM
     wide = attention.split_len(512 * 4, 2, 33280, attention_kernel.WG_BM)
     assert attention.split_fields(32768, 512, 8, 2, attention_kernel.WG_BM) == (32768, wide, -(-33280 // wide))
     assert wide != narrow
-    for kind in (("cuda", bf16, 32), ("cuda", torch.float32, 256), ("cpu", bf16, 256)):
-        assert attention_kernel.block_rows(*kind) == attention.BM, kind
-    keys = torch.zeros(33280, 2, 256, dtype=bf16)  # off the GPU: the Triton kernel reads it, so its rule
-    assert attention.table_row(32768, 512, 8, keys, keys)[:3] == [32768, narrow, -(-33280 // narrow)]
-    assert not attention_kernel.use_wg(torch.zeros(1, 8, 256, dtype=bf16))
+    keys = torch.zeros(33280, 2, 256, dtype=bf16)
+    for gluon in attention_kernel.GLUON:  # both Gluon kernels: 128-row programs, one rule
+        monkeypatch.setattr(attention_kernel, "KERNEL", gluon)
+        assert attention_kernel.block_rows("cuda", bf16, 256) == attention_kernel.WG_BM
+        for kind in (("cuda", bf16, 32), ("cuda", torch.float32, 256), ("cpu", bf16, 256)):
+            assert attention_kernel.block_rows(*kind) == attention.BM, (gluon, kind)
+        # off the GPU the Triton kernel reads the chunk, so the table carries its rule
+        assert attention.table_row(32768, 512, 8, keys, keys)[:3] == [32768, narrow, -(-33280 // narrow)]
+        assert not attention_kernel.use_wg(torch.zeros(1, 8, 256, dtype=bf16))
 
 

@@ -6,7 +6,8 @@ Hopper, 128 rows a program, two warpgroups sharing each key and value tile). "ws
 the same programs warp-specialised (each warpgroup a consumer partition, a warp fetching keys and
 one values), the same bits as "wg" (``benchmarks/results/attention_triton-ws.json``) and faster in a
 read's pass. ``attention.attend`` and ``attend_table`` hand a Gluon kernel bf16 chunks of head dim
-256 on the GPU; every other chunk stays on the Triton kernel.
+256 on the GPU (with "ws", a single call still takes "wg"'s launch: ``gluon_attend``); every other
+chunk stays on the Triton kernel.
 
 The GPU tests at c974d7e failed with "wg" because the split rule's unit did not follow the kernel
 that served the chunk: a table built for the tests' head dim 32 carried the 128-row rule into the

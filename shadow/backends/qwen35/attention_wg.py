@@ -1,6 +1,8 @@
-"""Chunk attention for Hopper in Gluon, a lead against ``attention.py``'s Triton kernel: the same
+"""Chunk attention for Hopper in Gluon, beside ``attention.py``'s Triton kernel: the same
 arithmetic, with the tensor cores driven asynchronously, and programs of 64 rows (one warpgroup)
-or 128 (two warpgroups sharing each key and value tile). Off by default (``attention_kernel``).
+or 128 (two warpgroups sharing each key and value tile). On a Hopper a single call takes it at 128
+rows, and a read's pass its warp-specialised form (``attention_ws``, the same bits; see
+``attention_kernel``).
 
 Why: on an H200 the Triton kernel (64 packed query rows a program, 64-key tiles, one warpgroup)
 holds the SMs at about 55 % of their throughput and L2 at about 32 % (Nsight Compute at 32k keys,
@@ -13,10 +15,10 @@ Exactness: each output element is the Triton kernel's sequence of operations on 
 ``O_j = O_{j-1} * alpha_j + P_j V_j`` with the same instruction shapes (64 x 64 x 16 for the scores,
 64 x 256 x 16 for the values), keys in the same order, the same row reductions over the same
 register layouts and the same merge: at 64 rows a program the H200 gave the Triton kernel's bits in
-every case of the probe. At 128 rows the split rule is its own (``attention_kernel.block_rows``).
-At 128 rows the GPU tests at c974d7e failed with it (see ``attention_kernel``): the cause is not
-known yet. Not a slot fetched into while the other warpgroup still reads it: the compiled code
-(Triton 3.6, sm_90a) has a CTA barrier between each product's wait and the copy into its slot.
+every case of the probe. At 128 rows the split rule is its own (``attention_kernel.block_rows``),
+and the GPU tests pass with it (18 at 5d8828d); c974d7e's failure was the split rule's unit, not
+this kernel (``attention_kernel``). A slot is fetched into only after a CTA barrier that follows
+both warpgroups' product waits (the compiled code, Triton 3.6, sm_90a).
 
 Not under Triton's interpreter (Gluon has none): the CPU tests cannot run it; the probe compares it
 with the Triton kernel bit for bit on the GPU. Written for Triton 3.6's Gluon (the GPU image's);
