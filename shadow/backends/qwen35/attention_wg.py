@@ -52,6 +52,49 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
+def _softmax_tile(scores, m_i, l_i, j, full, lo, hi, pos, cols0, qk_scale, BN: gl.constexpr):
+    """Tile j's scores, masked past the causal edge and the split's end, folded into each row's
+    running maximum and sum: (probabilities, the rescale of what came before, maximum, sum).
+    ``attention_ws`` takes the same step."""
+    if j >= full:  # tiles before ``full`` are seen whole by every row (a mask of all true changes no bit)
+        cols = lo + j * BN + cols0
+        keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
+        scores = gl.where(keep, scores, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+    p = gl.exp2(scores * qk_scale - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
+def _store_rows(acc, m_i, l_i, base, o_ptr, part_ptr, lse_ptr, block, h, n, rows_total, stride_ot, stride_oh, G,
+                to_part, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """A block's rows (packed rows ``base ..``), normalised: into the output (bf16), or where the chunk
+    splits into its split's partial sums (fp32) with each row's log-sum-exp for the merge.
+    ``attention_ws`` ends the same way."""
+    BM: gl.constexpr = acc.type.shape[0]
+    D: gl.constexpr = acc.type.shape[1]
+    rows_s = base + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
+    seen = l_i > 0
+    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+    out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
+    rows_o = base + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
+    t_o = rows_o // G
+    ok_o = t_o < n
+    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    if to_part:
+        at = block * rows_total + rows_o
+        gl.store(part_ptr + at[:, None] * D + d_o[None, :], out, mask=ok_o[:, None])
+        at_s = block * rows_total + rows_s
+        gl.store(lse_ptr + at_s, gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), float("-inf")),
+                 mask=rows_s // G < n)
+    else:
+        gl.store(o_ptr + (t_o * stride_ot + (h * G + rows_o % G) * stride_oh)[:, None] + d_o[None, :],
+                 out.to(gl.bfloat16), mask=ok_o[:, None])
+
+
+@gluon.jit
 def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, start, n, end, split_len, max_splits,
                     stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, rows_total, qk_scale, G: gl.constexpr,
                     D: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
@@ -144,16 +187,7 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
         go = j + STAGES < tiles
         mbarrier.expect(k_ready.index(slot), nbytes, pred=go)
         _tma_load(kd, [lo + (j + STAGES) * BN, h * D], k_ready.index(slot), k_smem.index(slot), pred=go)
-        if j >= full:  # the causal edge and the split's end
-            cols = lo + j * BN + cols0
-            keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
-            scores = gl.where(keep, scores, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-        p = gl.exp2(scores * qk_scale - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        m_i = m_new
-        l_i = l_i * alpha + gl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_tile(scores, m_i, l_i, j, full, lo, hi, pos, cols0, qk_scale, BN)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         # tile j - 1's values are used: fetch tile j - 1 + V_STAGES's into their slot
         go = (j > 0) & (j - 1 + V_STAGES < tiles)
@@ -172,22 +206,9 @@ def _attn_wg_kernel(q_ptr, k_desc, v_desc, o_ptr, part_ptr, lse_ptr, tab_ptr, st
     for i in gl.static_range(V_STAGES):
         mbarrier.invalidate(v_ready.index(i))
 
-    seen = l_i > 0
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
-    rows_o = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
-    t_o = rows_o // G
-    ok_o = t_o < n
-    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    if SPLIT or (TABLE and split):  # without a table, the constant decides (a branch on it failed to lower)
-        at = ((e * max_splits + s) * gl.num_programs(1) + h) * rows_total + rows_o
-        gl.store(part_ptr + at[:, None] * D + d_o[None, :], out, mask=ok_o[:, None])
-        at_s = ((e * max_splits + s) * gl.num_programs(1) + h) * rows_total + rows_s
-        gl.store(lse_ptr + at_s, gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), float("-inf")),
-                 mask=rows_s // G < n)
-    else:
-        gl.store(o_ptr + (t_o * stride_ot + (h * G + rows_o % G) * stride_oh)[:, None] + d_o[None, :],
-                 out.to(gl.bfloat16), mask=ok_o[:, None])
+    # without a table, the constant decides (a branch on it failed to lower)
+    _store_rows(acc, m_i, l_i, pid_m * BM, o_ptr, part_ptr, lse_ptr, (e * max_splits + s) * gl.num_programs(1) + h, h,
+                n, rows_total, stride_ot, stride_oh, G, SPLIT or (TABLE and split), s_layout, o_layout)
 
 
 def kv_layout(d: int) -> Any:

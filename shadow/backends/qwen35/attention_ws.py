@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from . import attention
-from .attention_wg import BN, _tma_load, kv_layout
+from .attention_wg import BN, _softmax_tile, _store_rows, _tma_load, kv_layout
 
 ROWS = 64  # a consumer warpgroup's query rows; a program has two
 _ROWS, _BN = gl.constexpr(ROWS), gl.constexpr(BN)  # as the kernels read them
@@ -81,16 +81,7 @@ def _consume(wg: gl.constexpr, q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, 
         acc = warpgroup_mma(p_prev, v_smem.index(before % V_STAGES), acc, is_async=True)
         scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
         mbarrier.arrive(k_empty.index(slot), count=1)  # this warpgroup is done with tile j's keys
-        if j >= full:
-            cols = lo + j * _BN + cols0
-            keep = (cols[None, :] < hi) & (cols[None, :] <= pos[:, None])
-            scores = gl.where(keep, scores, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(scores * qk_scale - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        m_i = m_new
-        l_i = l_i * alpha + gl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_tile(scores, m_i, l_i, j, full, lo, hi, pos, cols0, qk_scale, _BN)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         mbarrier.arrive(v_empty.index(before % V_STAGES), count=1, pred=j > 0)  # and with tile j - 1's values
         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -101,22 +92,8 @@ def _consume(wg: gl.constexpr, q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, 
         acc = warpgroup_mma(p_prev, v_smem.index(last % V_STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
 
-    seen = l_i > 0
-    l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
-    out = acc / gl.where(l_o > 0, l_o, 1.0)[:, None]
-    rows_o = base + gl.arange(0, BM, layout=gl.SliceLayout(1, o_layout))
-    t_o = rows_o // G
-    ok_o = t_o < n
-    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-    if to_part:
-        at = ((e * max_splits + s) * kv_heads + h) * rows_total + rows_o
-        gl.store(part_ptr + at[:, None] * D + d_o[None, :], out, mask=ok_o[:, None])
-        at_s = ((e * max_splits + s) * kv_heads + h) * rows_total + rows_s
-        gl.store(lse_ptr + at_s, gl.where(seen, m_i + gl.log2(gl.where(seen, l_i, 1.0)), float("-inf")),
-                 mask=rows_s // G < n)
-    else:
-        gl.store(o_ptr + (t_o * stride_ot + (h * G + rows_o % G) * stride_oh)[:, None] + d_o[None, :],
-                 out.to(gl.bfloat16), mask=ok_o[:, None])
+    _store_rows(acc, m_i, l_i, base, o_ptr, part_ptr, lse_ptr, (e * max_splits + s) * kv_heads + h, h, n, rows_total,
+                stride_ot, stride_oh, G, to_part, s_layout, o_layout)
 
 
 @gluon.jit
