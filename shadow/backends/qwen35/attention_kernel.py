@@ -48,13 +48,13 @@ def _resolve(kernel: str) -> str:
 
 
 def kernel_in_use() -> str:
-    """``KERNEL`` resolved on this process's GPU: "triton" or "wg"."""
+    """``KERNEL`` resolved on this process's GPU: "triton", "wg" or "ws"."""
     return _resolve(KERNEL)
 
 
 def serves_wg(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether a Gluon kernel reads chunks of this kind: bf16, head dim 256, on the GPU, with "wg" (or
-    the lead "ws") in use."""
+    """Whether a Gluon kernel reads chunks of this kind: bf16, head dim 256, on the GPU, with "wg" or
+    "ws" in use."""
     return device_type == "cuda" and dtype == torch.bfloat16 and head_dim == 256 and kernel_in_use() in GLUON
 
 
@@ -81,7 +81,7 @@ def gluon_attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor,
 
 
 def use_wg(q: torch.Tensor) -> bool:
-    """Whether ``attention_wg`` serves this chunk's queries."""
+    """Whether a Gluon kernel serves this chunk's queries."""
     return serves_wg(q.device.type, q.dtype, q.shape[2])
 
 
