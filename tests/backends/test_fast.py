@@ -102,6 +102,36 @@ def test_conv_silu_and_its_state(n, valid):
     assert torch.equal(state, cols[:, valid:valid + kernel])  # moved on by the real rows only
 
 
+
+@pytest.mark.parametrize(("seg", "valid"), [(16, 16), (16, 11), (1, 1)])
+def test_conv_silu_batched_equals_each_session_alone(seg, valid):
+    """Sessions of ``seg`` rows in one launch (``seg`` 1: single-row sessions, as a batched decode
+    runs them, one row a program): each session's output rows and moved state are the bits of the
+    session read alone."""
+    kd, vd, kernel, head, sessions = 32, 64, 4, 16, 3
+    c = 2 * kd + vd
+    n = seg * sessions
+    proj = _randn(n, c + 40, seed=31)
+    weight = _randn(c, kernel, seed=32) * 0.5
+    states = _randn(sessions, c, kernel, seed=33)
+    moved = states.clone()
+    out = torch.full((n * c,), float("nan"), dtype=proj.dtype, device=DEV)
+    real = torch.tensor([valid], dtype=torch.long, device=DEV)
+    block_t = 8 if seg % 8 == 0 else 1
+    kernels.conv_silu(proj, moved, weight, kd, head, real, out, block_t=block_t)
+
+    def rows(flat: torch.Tensor, count: int, b: int) -> torch.Tensor:
+        q, k, v = flat[:count * kd].view(count, kd), flat[count * kd:2 * count * kd].view(count, kd), \
+            flat[2 * count * kd:].view(count, vd)
+        return torch.cat((q, k, v), 1)[b * seg:(b + 1) * seg]
+
+    for b in range(sessions):
+        alone_state = states[b].clone()
+        alone = torch.full((seg * c,), float("nan"), dtype=proj.dtype, device=DEV)
+        kernels.conv_silu(proj[b * seg:(b + 1) * seg], alone_state, weight, kd, head, real, alone, block_t=block_t)
+        assert torch.equal(rows(out, n, b), rows(alone, seg, 0))
+        assert torch.equal(moved[b], alone_state)
+
 def test_gates_and_gated_norm():
     n, hv, dv, off = 9, 4, 16, 10
     proj = _randn(n, off + hv * dv + 2 * hv + 3, seed=12)
