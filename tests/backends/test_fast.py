@@ -82,8 +82,13 @@ def test_qk_norm_rope_and_output_gate():
     _close(gated, attn * torch.sigmoid(qg[..., hd:]), 1e-2)
 
 
+# the Triton kernel (the GPU's) and the torch form the fast path takes off CUDA
+CONV_FORMS = {"triton": kernels.conv_silu, "torch": kernels.conv_silu_torch}
+
+
+@pytest.mark.parametrize("form", CONV_FORMS)
 @pytest.mark.parametrize(("n", "valid"), [(37, 37), (3, 3), (32, 20), (8, 2)])
-def test_conv_silu_and_its_state(n, valid):
+def test_conv_silu_and_its_state(n, valid, form):
     kd, vd, kernel = 32, 64, 4
     c = 2 * kd + vd
     proj = _randn(n, c + 40, seed=9)  # wider than the conv's columns, as the merged projection is
@@ -92,7 +97,7 @@ def test_conv_silu_and_its_state(n, valid):
     out = torch.full((n * c,), float("nan"), dtype=proj.dtype, device=DEV)
     held = state.clone()
     head = 16
-    kernels.conv_silu(proj, state, weight, kd, head, torch.tensor([valid], dtype=torch.long, device=DEV), out)
+    CONV_FORMS[form](proj, state, weight, kd, head, torch.tensor([valid], dtype=torch.long, device=DEV), out)
     cols = torch.cat((held, proj[:, :c].t()), dim=1)
     want = F.silu(F.conv1d(cols[None].float(), weight.float()[:, None, :], groups=c)[0, :, 1:]).t()
     qk = want[:, :2 * kd].reshape(n, -1, head)  # q and k leave l2-normalised per head (gdn._l2norm)
@@ -103,8 +108,9 @@ def test_conv_silu_and_its_state(n, valid):
 
 
 
+@pytest.mark.parametrize("form", CONV_FORMS)
 @pytest.mark.parametrize(("seg", "valid"), [(16, 16), (16, 11), (1, 1)])
-def test_conv_silu_batched_equals_each_session_alone(seg, valid):
+def test_conv_silu_batched_equals_each_session_alone(seg, valid, form):
     """Sessions of ``seg`` rows in one launch (``seg`` 1: single-row sessions, as a batched decode
     runs them, one row a program): each session's output rows and moved state are the bits of the
     session read alone."""
@@ -118,7 +124,14 @@ def test_conv_silu_batched_equals_each_session_alone(seg, valid):
     out = torch.full((n * c,), float("nan"), dtype=proj.dtype, device=DEV)
     real = torch.tensor([valid], dtype=torch.long, device=DEV)
     block_t = 8 if seg % 8 == 0 else 1
-    kernels.conv_silu(proj, moved, weight, kd, head, real, out, block_t=block_t)
+
+    def conv(p: torch.Tensor, s: torch.Tensor, o: torch.Tensor) -> None:
+        if form == "triton":
+            kernels.conv_silu(p, s, weight, kd, head, real, o, block_t=block_t)
+        else:
+            kernels.conv_silu_torch(p, s, weight, kd, head, real, o)
+
+    conv(proj, moved, out)
 
     def rows(flat: torch.Tensor, count: int, b: int) -> torch.Tensor:
         q, k, v = flat[:count * kd].view(count, kd), flat[count * kd:2 * count * kd].view(count, kd), \
@@ -128,7 +141,7 @@ def test_conv_silu_batched_equals_each_session_alone(seg, valid):
     for b in range(sessions):
         alone_state = states[b].clone()
         alone = torch.full((seg * c,), float("nan"), dtype=proj.dtype, device=DEV)
-        kernels.conv_silu(proj[b * seg:(b + 1) * seg], alone_state, weight, kd, head, real, alone, block_t=block_t)
+        conv(proj[b * seg:(b + 1) * seg], alone_state, alone)
         assert torch.equal(rows(out, n, b), rows(alone, seg, 0))
         assert torch.equal(moved[b], alone_state)
 

@@ -60,7 +60,7 @@ path, in any process. Against the torch forward the fast path agrees within bf16
 kernels round once where the torch forward rounds at every op).
 
 Without CUDA (the tests) the same pieces run eagerly, the Triton kernels under Triton's
-interpreter, and GDN through the torch form, one session at a time.
+interpreter, and the GDN's conv and rule through their torch forms, one session at a time.
 """
 
 from __future__ import annotations
@@ -233,8 +233,12 @@ class FastForward:
         proj = self._linear(r, x, lw.w_in)  # [n, conv_dim + value_dim + 2 value heads]
         kd, vd, hv = cfg.key_dim, cfg.value_dim, cfg.linear_num_value_heads
         mixed = torch.empty(n * cfg.conv_dim, device=x.device, dtype=x.dtype)
-        kernels.conv_silu(proj, self.conv_all[lw.index, :b], lw.conv, kd, cfg.linear_key_head_dim, r.valid, mixed,
-                          block_t=8 if b == 1 or r.seg % 8 == 0 else 1)  # 1: sessions of single rows (decode)
+        if self.device.type == "cuda":
+            kernels.conv_silu(proj, self.conv_all[lw.index, :b], lw.conv, kd, cfg.linear_key_head_dim, r.valid,
+                              mixed, block_t=8 if b == 1 or r.seg % 8 == 0 else 1)  # 1: single-row sessions (decode)
+        else:
+            kernels.conv_silu_torch(proj, self.conv_all[lw.index, :b], lw.conv, kd, cfg.linear_key_head_dim, r.valid,
+                                    mixed)
         q = mixed[:n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         k = mixed[n * kd:2 * n * kd].view(n, cfg.linear_num_key_heads, cfg.linear_key_head_dim)
         v = mixed[2 * n * kd:].view(n, hv, cfg.linear_value_head_dim)

@@ -289,6 +289,36 @@ def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key
         state.stride(0), KERNEL=kernel, BLOCK_T=block_t, HEAD=head, num_warps=warps)
 
 
+def conv_silu_torch(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, head: int,
+                    valid: torch.Tensor, out: torch.Tensor) -> None:
+    """``conv_silu`` in torch, for the fast path off CUDA: the same taps in the same order, in fp32,
+    rounded once. Under Triton's interpreter the kernel took 504 of the 548 s of the CPU replay test
+    (``test_fast_path_replay_equals_fresh_and_forks_are_pure``, cProfile); its own tests keep running it.
+    Every operation is per element or per row's head, so a session's bits do not depend on the
+    sessions beside it."""
+    if state.dim() == 2:
+        state = state[None]
+    sessions, c, kernel = state.shape
+    n = proj.shape[0]
+    seg = n // sessions
+    if seg * sessions != n:
+        raise ValueError(f"{n} rows are not {sessions} sessions of whole rows")
+    cols = torch.cat((state, proj[:, :c].reshape(sessions, seg, c).transpose(1, 2)), dim=2)  # [B, C, kernel + seg]
+    w = weight.float()
+    acc = cols[..., 1:1 + seg].float() * w[:, 0, None]
+    for j in range(1, kernel):
+        acc = acc + cols[..., j + 1:j + 1 + seg].float() * w[:, j, None]
+    y = (acc * torch.sigmoid(acc)).transpose(1, 2).contiguous()  # [B, seg, C]
+    qk = y[..., :2 * key_dim].reshape(sessions, seg, -1, head)
+    qk = qk * torch.rsqrt((qk * qk).sum(-1, keepdim=True) + 1e-6)  # fla's l2norm, as the kernel's
+    y = y.to(out.dtype)
+    y[..., :2 * key_dim] = qk.flatten(-2).to(out.dtype)
+    out[:2 * n * key_dim].view(2, n, key_dim).copy_(y[..., :2 * key_dim].reshape(n, 2, key_dim).transpose(0, 1))
+    out[2 * n * key_dim:].view(n, c - 2 * key_dim).copy_(y[..., 2 * key_dim:].reshape(n, -1))
+    real = int(valid.reshape(-1)[0])
+    state.copy_(cols[..., real:real + kernel])  # the held columns after the real rows
+
+
 # fla's chunked GDN kernels take the gate as a running sum within each 64-row chunk, in log2 units
 FLA_CHUNK = 64
 
