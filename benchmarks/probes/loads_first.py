@@ -1,21 +1,25 @@
-"""Loads issued before stores: the row-wise kernels of ``kernels.py`` against a copy from before
-(``--old-kernels``), alone and in whole read passes, with their bits.
+"""Loads issued before stores, a lead: the row-wise kernels of ``kernels.py`` at 2dd9584 (the lead,
+``--lead-kernels``) against the shipped ones, alone and in whole read passes, with their bits.
 
 A store may alias any later load as far as the compiler knows, so it keeps each load after every
-store above it. The conv's row walk stored each row before loading the next: one memory round
-trip a row, eight a program (PTX of Triton 3.9 for sm_90: ``ld``/``st`` alternating). It now loads
-its rows, and the state's new held columns, first; ``rms_norm`` loads its weight before the stream's
-store; ``qk_norm_rope`` its rotated columns and positions before its first store. The arithmetic is
-unchanged, so the bits should be too; this probe checks that and times both.
+store above it. The shipped conv's row walk stores each row before loading the next: one memory
+round trip a row, eight a program (PTX for sm_90, Triton 3.6 and 3.9: ``ld``/``st`` alternating).
+The lead loads its rows first; its ``rms_norm`` loads the weight before the stream's store, its
+``qk_norm_rope`` the rotated columns and positions before its first store. The arithmetic is the
+same (compiled for sm_90 with Triton 3.6 and 3.9: the same count of every float instruction), so
+the bits should be too. It landed at 2dd9584 and was taken back at the end of that session, no GPU
+having been lent to run this probe; it comes back if this probe finds equal bits and a gain.
 
-1. Each kernel alone in a CUDA graph (us a call, rounds alternating old and new): the conv at one
-   session's 512 rows, 8 and 16 sessions', and 16 single-row sessions (a batched decode's shape);
+1. Each kernel alone in a CUDA graph (us a call, rounds alternating shipped and lead): the conv at
+   one session's 512 rows, 8 and 16 sessions', and 16 single-row sessions (a batched decode's shape);
    ``rms_norm`` with the residual add and ``qk_norm_rope`` at 512 and 4,096 rows; outputs and moved
-   states ``torch.equal`` old against new.
-2. Whole read passes: two ``FastForward`` over one random 0.8B checkpoint, one captured with the old
-   kernels, rounds alternating (``read_pass_ab``'s cases); every session's tensors equal across them.
+   states ``torch.equal`` across the two.
+2. Whole read passes: two ``FastForward`` over one random 0.8B checkpoint, one captured with the
+   lead's kernels, rounds alternating (``read_pass_ab``'s cases); every session's tensors equal.
 
-    python -m benchmarks.probes.loads_first --out DIR --old-kernels PATH   # DIR/loads_first.json; CUDA only
+    git show 2dd9584:shadow/backends/qwen35/kernels.py > .gpudata/kernels_lead.py   # here, carried
+    python -m benchmarks.probes.loads_first --out DIR --lead-kernels .gpudata/kernels_lead.py
+    # DIR/loads_first.json; CUDA only
 """
 
 from __future__ import annotations
@@ -52,10 +56,10 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", generator=gen).to(DT)
 
 
-def _ab(make: Callable[[ModuleType], Made], old: ModuleType) -> dict[str, Any]:
-    """``make(mod)`` gives a call on fresh buffers and what it wrote; old and new each run once for
+def _ab(make: Callable[[ModuleType], Made], lead: ModuleType) -> dict[str, Any]:
+    """``make(mod)`` gives a call on fresh buffers and what it wrote; shipped and lead each run once for
     their bits, then are timed in graphs, rounds alternating."""
-    forms = {"new": make(kernels), "old": make(old)}
+    forms = {"shipped": make(kernels), "lead": make(lead)}
     got = {}
     for name, (call, outputs) in forms.items():
         call()
@@ -65,11 +69,11 @@ def _ab(make: Callable[[ModuleType], Made], old: ModuleType) -> dict[str, Any]:
     for _ in range(ROUNDS):
         for name, graph in graphs.items():
             us[name].append(device_ms_per_call(graph.replay) * 1000)
-    return {"new_us": statistics.median(us["new"]), "old_us": statistics.median(us["old"]),
-            "equal": all(torch.equal(a, b) for a, b in zip(got["new"], got["old"], strict=True))}
+    return {"shipped_us": statistics.median(us["shipped"]), "lead_us": statistics.median(us["lead"]),
+            "equal": all(torch.equal(a, b) for a, b in zip(got["shipped"], got["lead"], strict=True))}
 
 
-def conv_rows(old: ModuleType) -> list[dict[str, Any]]:
+def conv_rows(lead: ModuleType) -> list[dict[str, Any]]:
     weight = _randn(CONV, 4, seed=3)
     out = []
     for sessions, seg in ((1, SEG), (8, SEG), (16, SEG), (16, 1)):
@@ -89,13 +93,13 @@ def conv_rows(old: ModuleType) -> list[dict[str, Any]]:
 
             return call, lambda: [dst, state]
 
-        row = {"kernel": "conv_silu", "sessions": sessions, "rows": n, **_ab(make, old)}
+        row = {"kernel": "conv_silu", "sessions": sessions, "rows": n, **_ab(make, lead)}
         print(json.dumps(row), flush=True)
         out.append(row)
     return out
 
 
-def rms_rows(old: ModuleType) -> list[dict[str, Any]]:
+def rms_rows(lead: ModuleType) -> list[dict[str, Any]]:
     out = []
     w = (1.0 + _randn(HIDDEN, seed=6).float() * 0.1)
     for n in (SEG, 8 * SEG):
@@ -111,13 +115,13 @@ def rms_rows(old: ModuleType) -> list[dict[str, Any]]:
 
             return call, lambda: [x, dst]
 
-        row = {"kernel": "rms_norm (add, with the stream's copy)", "rows": n, **_ab(make, old)}
+        row = {"kernel": "rms_norm (add, with the stream's copy)", "rows": n, **_ab(make, lead)}
         print(json.dumps(row), flush=True)
         out.append(row)
     return out
 
 
-def rope_rows(old: ModuleType) -> list[dict[str, Any]]:
+def rope_rows(lead: ModuleType) -> list[dict[str, Any]]:
     out = []
     inv_freq = (1.0 / (10_000_000 ** (torch.arange(0, RD, 2, dtype=torch.float32) / RD))).cuda()
     qw, kw = 1.0 + _randn(HD, seed=1).float() * 0.1, 1.0 + _randn(HD, seed=2).float() * 0.1
@@ -132,7 +136,7 @@ def rope_rows(old: ModuleType) -> list[dict[str, Any]]:
             call = functools.partial(mod.qk_norm_rope, proj, qw, kw, inv_freq, starts, 1e-6, q, k, v, seg=SEG)
             return call, lambda: [q, k, v]
 
-        row = {"kernel": "qk_norm_rope", "rows": n, **_ab(make, old)}
+        row = {"kernel": "qk_norm_rope", "rows": n, **_ab(make, lead)}
         print(json.dumps(row), flush=True)
         out.append(row)
     return out
@@ -150,18 +154,18 @@ def _kernels_of(mod: ModuleType) -> Iterator[None]:
             setattr(kernels, name, fn)
 
 
-def passes(old: ModuleType) -> dict[str, Any]:
+def passes(lead: ModuleType) -> dict[str, Any]:
     model = read_pass_ab.random_08b()
-    forms = {"new": FastForward(model, SEG), "old": FastForward(model, SEG)}
+    forms = {"shipped": FastForward(model, SEG), "lead": FastForward(model, SEG)}
     warm = {}
     for name, fast in forms.items():
-        with _kernels_of(old if name == "old" else kernels):
+        with _kernels_of(lead if name == "lead" else kernels):
             warm[name] = fast.warm_up()
-    new = {name: getattr(kernels, name) for name in PATCHED}
+    shipped = {name: getattr(kernels, name) for name in PATCHED}
 
     def switch(name: str) -> None:  # anything a pass runs outside its graph takes its form's kernels
         for fn_name in PATCHED:
-            setattr(kernels, fn_name, getattr(old, fn_name) if name == "old" else new[fn_name])
+            setattr(kernels, fn_name, getattr(lead, fn_name) if name == "lead" else shipped[fn_name])
 
     rows = []
     try:
@@ -171,7 +175,7 @@ def passes(old: ModuleType) -> dict[str, Any]:
                               if k != "depths"}), flush=True)
             rows.append(row)
     finally:
-        switch("new")
+        switch("shipped")
     return {"warm_up_s": warm, "rows": rows, "all_equal": all(r["equal"] for r in rows),
             "refused": {name: dict(fast.refused) for name, fast in forms.items()}}
 
@@ -179,20 +183,20 @@ def passes(old: ModuleType) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--old-kernels", required=True, help="a copy of kernels.py from before (git show C:PATH)")
+    ap.add_argument("--lead-kernels", required=True, help="kernels.py at 2dd9584 (git show 2dd9584:PATH)")
     ap.add_argument("--no-passes", action="store_true", help="the kernels alone only")
     args = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("old_kernels", args.old_kernels)
+    spec = importlib.util.spec_from_file_location("lead_kernels", args.lead_kernels)
     assert spec is not None and spec.loader is not None
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
-    result: dict[str, Any] = {"probe": "loads_first", **environment(), "old_kernels": args.old_kernels,
+    lead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lead)
+    result: dict[str, Any] = {"probe": "loads_first", **environment(), "lead_kernels": args.lead_kernels,
                               "rounds": ROUNDS}
     path = Path(args.out) / "loads_first.json"
-    result["kernels"] = conv_rows(old) + rms_rows(old) + rope_rows(old)
+    result["kernels"] = conv_rows(lead) + rms_rows(lead) + rope_rows(lead)
     path.write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_passes:
-        result["passes"] = passes(old)
+        result["passes"] = passes(lead)
         path.write_text(json.dumps(result, indent=1) + "\n")
     print("->", path)
 
