@@ -4,7 +4,8 @@ one process: first the layer's call alone, then whole read passes.
 1. ``gdn_fla.chunk_rule_in_place`` at the 0.8B's heads (16 x 128), B sessions of 512 rows, bf16:
    whether the fused form gives fla's bits (o and the state, ``torch.equal``; else the largest
    difference), then us per call, each form replayed in a CUDA graph of 20 calls, forms
-   alternating, for the fused kernel's launch shapes (value columns a program, warps, stages).
+   alternating, for the fused kernel's launch shapes (value columns a program, warps, stages, and
+   the state's chain moved before the chunk's output), each shape's bits against fla's.
 2. Two ``FastForward`` instances over one random 0.8B checkpoint, captured with fla's kernels and
    with the fused one (``read_pass_ab._case``: sessions at their depths, rounds alternating): wall
    a pass and ms per 512 ids, and whether the two forms' sessions end equal. Each instance's
@@ -29,7 +30,9 @@ from benchmarks.probes.read_pass_ab import GRID, _case, random_08b
 from shadow.backends.qwen35 import gdn_fla, gdn_fused
 from shadow.backends.qwen35.fast import FastForward
 
-SHAPES = ((32, 4, 2), (32, 4, 3), (32, 8, 2), (64, 4, 2), (64, 8, 2), (16, 4, 2))  # (BV, warps, stages)
+# (BV, warps, stages, the state's chain before the chunk's output: ``update_first``)
+SHAPES = ((32, 4, 2, False), (32, 4, 3, False), (32, 8, 2, False), (64, 4, 2, False), (64, 8, 2, False),
+          (16, 4, 2, False), (32, 4, 2, True), (64, 4, 2, True), (32, 8, 2, True))
 CASES = ((1, "0-2k"), (8, "0-2k"), (16, "0-2k"), (8, "32k"))
 
 
@@ -88,9 +91,19 @@ def _layer(batch: int) -> dict[str, Any]:
         row["fused_alone_equal_batched"] = torch.equal(o_one, o_fused[one]) and torch.equal(s_one[0], s_fused[1])
     forms: dict[str, Any] = {"fla": functools.partial(gdn_fla.chunk_rule_in_place, fused=False)}
     original = gdn_fused.state_and_output
-    for bv, warps, stages in SHAPES:
-        shaped = functools.partial(original, bv=bv, warps=warps, stages=stages)
-        forms[f"fused_{bv}x{warps}x{stages}"] = (shaped, )
+    for bv, warps, stages, first in SHAPES:
+        shaped = functools.partial(original, bv=bv, warps=warps, stages=stages, update_first=first)
+        name = f"fused_{bv}x{warps}x{stages}" + ("_update_first" if first else "")
+        forms[name] = (shaped, )
+        s_form = state.clone()
+        gdn_fused.state_and_output = shaped  # type: ignore[assignment]
+        try:  # each launch shape's bits against fla's
+            o_form = gdn_fla.chunk_rule_in_place(q, k, v, sums, beta, s_form, solve, fused=True)
+            row.setdefault("equal_to_fla", {})[name] = torch.equal(o_form, o_fla) and torch.equal(s_form, s_fla)
+        except Exception as err:
+            row[f"{name}_error"] = repr(err)[:300]
+        finally:
+            gdn_fused.state_and_output = original  # type: ignore[assignment]
     times: dict[str, list[float]] = {name: [] for name in forms}
     for _ in range(3):  # forms alternating
         for name, form in forms.items():
@@ -111,6 +124,12 @@ def _layer(batch: int) -> dict[str, Any]:
     return row
 
 
+def _form(name: str) -> None:
+    """What a pass runs outside its graph takes its form's kernel, as its graph was captured with."""
+    gdn_fla.FUSED_FROM = 10**9 if name == "fla" else 1
+    gdn_fused.UPDATE_FIRST = name == "fused_update_first"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
@@ -120,6 +139,8 @@ def main() -> None:
     ap.add_argument("--layer-only", action="store_true", help="skip the whole passes")
     ap.add_argument("--pass-cases", nargs="*", default=[f"{b}:{g}" for b, g in CASES],
                     help="whole passes as B:GROUP, GROUP one of read_pass_ab's (0-2k, 32k)")
+    ap.add_argument("--pass-forms", nargs=2, default=["fla", "fused"],
+                    choices=["fla", "fused", "fused_update_first"], help="the two forms the passes compare")
     args = ap.parse_args()
     assert gdn_fla.available()
     out: dict[str, Any] = {"probe": "gdn_fused_ab", **environment(), "layer": [], "passes": []}
@@ -133,14 +154,14 @@ def main() -> None:
         return
     model = random_08b()
     forms: dict[str, FastForward] = {}
-    for name, fused in (("fla", False), ("fused", True)):
-        gdn_fla.FUSED_FROM = 1 if fused else 10**9  # read when each graph is captured
+    for name in args.pass_forms:
+        _form(name)  # read when each graph is captured
         forms[name] = FastForward(model, GRID)
         forms[name].warm_up()
     out["refused"] = {name: dict(fast.refused) for name, fast in forms.items()}
     for batch, group in (tuple(case.split(":")) for case in args.pass_cases):
         batch = int(batch)
-        row = _case(model, forms, batch, group, args.rounds, args.passes)
+        row = _case(model, forms, batch, group, args.rounds, args.passes, switch=_form)
         out["passes"].append(row)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "depths"}),
               flush=True)

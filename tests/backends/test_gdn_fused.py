@@ -44,6 +44,18 @@ def test_a_session_gets_the_same_bits_alone_and_batched():
         assert torch.equal(alone_out, out[one]) and torch.equal(alone_state, state[one])
 
 
+def test_the_state_chain_first_gives_the_same_bits():
+    """``update_first`` moves the state before the chunk's output (a schedule to time on the GPU):
+    the same operations on the same values, so the same bits, a ragged last chunk included."""
+    q, k, u, w, g, s0 = _inputs(2, 100, 2, 4, 64, seed=11)
+    forms = []
+    for update_first in (False, True):
+        state, out = s0.clone(), torch.empty_like(u)
+        state_and_output(q, k, u, w, g, state, out, update_first=update_first)
+        forms.append((out, state))
+    assert torch.equal(forms[0][0], forms[1][0]) and torch.equal(forms[0][1], forms[1][1])
+
+
 def test_refuses_what_it_was_not_written_for():
     q, k, u, w, g, s0 = _inputs(1, 64, 2, 2, 48, seed=1)
     with pytest.raises(ValueError, match="whole 32-column value blocks"):

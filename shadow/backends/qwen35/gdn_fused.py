@@ -38,11 +38,29 @@ UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
 # 32 value columns a program (as fla's pinned state kernel), 4 warps, 2 stages: the fastest launch
 # shape on the H200 at 8 and 16 sessions, level with 64 columns (``results/gdn_fused_ab.json``)
 BV, WARPS, STAGES = 32, 4, 2
+# the state's chain before each chunk's output: the same bits, a schedule under test on the H200
+# (``benchmarks/probes/gdn_fused_ab.py``); read when a call is made, so when a graph is captured
+UPDATE_FIRST = False
+
+
+@triton.jit
+def _move_state(h1, h2, k1, k2, b_v, b_g, g, m_t, i_t, T, HV: tl.constexpr, BT: tl.constexpr, DOT: tl.constexpr,
+                KEY_DT: tl.constexpr):
+    """The state past the chunk: ``h 2^g_last + k^T (v_new 2^(g_last - g))``, ``v_new`` unrounded."""
+    last = tl.minimum((i_t + 1) * BT, T) - 1
+    g_last = tl.load(g + last * HV).to(tl.float32)
+    b_v = b_v * tl.where(m_t, tl.math.exp2(g_last - b_g), 0)[:, None]
+    decay = tl.math.exp2(g_last)
+    h1 *= decay
+    h2 *= decay
+    b_v = b_v.to(KEY_DT).to(DOT)
+    return tl.dot(k1, b_v, h1), tl.dot(k2, b_v, h2)
 
 
 @triton.jit
 def _state_out_kernel(q, k, u, w, g, o, state, T, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                      V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr):
+                      V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, DOT: tl.constexpr,
+                      UPDATE_FIRST: tl.constexpr = False):
     tl.static_assert(K == 128)  # two key halves of 64, as fla's blockdim-64 kernels hold them
     pid = tl.program_id(0).to(tl.int64)
     nv = V // BV
@@ -74,31 +92,30 @@ def _state_out_kernel(q, k, u, w, g, o, state, T, scale, H: tl.constexpr, HV: tl
         b_v = tl.dot(w2, hd2, b_v)
         b_v = tl.load(u + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None], other=0.0) - b_v
         v_new = b_v.to(u.dtype.element_ty).to(DOT)  # rounded as fla stores it for its output kernel
+        if UPDATE_FIRST:  # the state's chain first; the output (off the chain) after it
+            k1 = tl.load(k + o_k1[:, None] + o_t[None, :] * (H * K), mask=m_t[None, :], other=0.0).to(DOT)
+            k2 = tl.load(k + o_k2[:, None] + o_t[None, :] * (H * K), mask=m_t[None, :], other=0.0).to(DOT)
+            b_g = tl.load(g + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+            h1, h2 = _move_state(h1, h2, k1, k2, b_v, b_g, g, m_t, i_t, T, HV, BT, DOT, k.dtype.element_ty)
         # the chunk's output, from the state it entered and its new values
         q1 = tl.load(q + o_t[:, None] * (H * K) + o_k1[None, :], mask=m_t[:, None], other=0.0).to(DOT)
         q2 = tl.load(q + o_t[:, None] * (H * K) + o_k2[None, :], mask=m_t[:, None], other=0.0).to(DOT)
-        k1 = tl.load(k + o_k1[:, None] + o_t[None, :] * (H * K), mask=m_t[None, :], other=0.0).to(DOT)
-        k2 = tl.load(k + o_k2[:, None] + o_t[None, :] * (H * K), mask=m_t[None, :], other=0.0).to(DOT)
+        if not UPDATE_FIRST:
+            k1 = tl.load(k + o_k1[:, None] + o_t[None, :] * (H * K), mask=m_t[None, :], other=0.0).to(DOT)
+            k2 = tl.load(k + o_k2[:, None] + o_t[None, :] * (H * K), mask=m_t[None, :], other=0.0).to(DOT)
         b_o = tl.dot(q1, hd1)
         b_a = tl.dot(q1, k1)
         b_o = tl.dot(q2, hd2, b_o)
         b_a = tl.dot(q2, k2, b_a)
-        b_g = tl.load(g + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+        if not UPDATE_FIRST:
+            b_g = tl.load(g + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
         b_o = b_o * tl.math.exp2(b_g)[:, None]
         b_a = b_a * tl.math.exp2(b_g[:, None] - b_g[None, :])
         b_a = tl.where((o_t[:, None] >= o_t[None, :]) & (m_t[:, None] & m_t[None, :]), b_a, 0)
         b_o = b_o * scale + tl.dot(b_a.to(DOT), v_new) * scale
         tl.store(o + o_t[:, None] * (HV * V) + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None])
-        # the state moves on past the chunk
-        last = tl.minimum((i_t + 1) * BT, T) - 1
-        g_last = tl.load(g + last * HV).to(tl.float32)
-        b_v = b_v * tl.where(m_t, tl.math.exp2(g_last - b_g), 0)[:, None]
-        decay = tl.math.exp2(g_last)
-        h1 *= decay
-        h2 *= decay
-        b_v = b_v.to(k.dtype.element_ty).to(DOT)
-        h1 = tl.dot(k1, b_v, h1)
-        h2 = tl.dot(k2, b_v, h2)
+        if not UPDATE_FIRST:
+            h1, h2 = _move_state(h1, h2, k1, k2, b_v, b_g, g, m_t, i_t, T, HV, BT, DOT, k.dtype.element_ty)
     tl.store(state + o_k1[:, None] * V + o_v[None, :], h1.to(state.dtype.element_ty))
     tl.store(state + o_k2[:, None] * V + o_v[None, :], h2.to(state.dtype.element_ty))
 
@@ -110,7 +127,7 @@ def fits(key_dim: int, value_dim: int, bv: int = BV) -> bool:
 
 def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch.Tensor, g_sums: torch.Tensor,
                      state: torch.Tensor, out: torch.Tensor, bv: int = BV, warps: int = WARPS,
-                     stages: int = STAGES) -> None:
+                     stages: int = STAGES, update_first: bool | None = None) -> None:
     """B sessions of T rows each (fla's batch axis): q, k ``[B, T, H, K]``, u ``[B, T, HV, V]``, w
     ``[B, T, HV, K]``, g_sums ``[B, T, HV]`` fp32 (the gate summed within 64-row chunks, log2 units),
     state ``[B, HV, K, V]`` fp32, moved on in place (each program reads its block before it writes
@@ -124,8 +141,10 @@ def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch
         raise ValueError(f"state_and_output is written for key dim 128 and whole {bv}-column value blocks; "
                          f"got k {list(k.shape)}, u {list(u.shape)}, state {list(state.shape)}")
     dot = tl.float32 if UPCAST else tl.bfloat16
+    first = UPDATE_FIRST if update_first is None else update_first
     _state_out_kernel[(dv // bv * b * hv,)](q, k, u, w, g_sums, out, state, t, dk ** -0.5, H=h, HV=hv, K=dk, V=dv,
-                                           BT=64, BV=bv, DOT=dot, num_warps=warps, num_stages=stages)
+                                           BT=64, BV=bv, DOT=dot, UPDATE_FIRST=first, num_warps=warps,
+                                           num_stages=stages)
 
 
 def state_and_output_reference(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch.Tensor,
