@@ -31,8 +31,11 @@ from shadow.backends.qwen35 import gdn_fla, gdn_fused
 from shadow.backends.qwen35.fast import FastForward
 
 # (BV, warps, stages, the state's chain before the chunk's output: ``update_first``)
-SHAPES = ((32, 4, 2, False), (32, 4, 3, False), (32, 8, 2, False), (64, 4, 2, False), (64, 8, 2, False),
-          (16, 4, 2, False), (32, 4, 2, True), (64, 4, 2, True), (32, 8, 2, True))
+# Two stages hold 115 KB of shared memory at 32 columns: one program an SM. One stage holds 45 KB
+# and 233 registers a thread (ptxas for sm_90, Triton 3.6): two programs an SM, no cp.async.
+ORIGINAL = gdn_fused.state_and_output
+SHAPES = ((32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, False), (32, 4, 1, False), (64, 4, 1, False),
+          (16, 4, 1, False), (32, 8, 1, False), (32, 4, 2, True), (32, 4, 1, True))
 CASES = ((1, "0-2k"), (8, "0-2k"), (16, "0-2k"), (8, "32k"))
 
 
@@ -90,13 +93,13 @@ def _layer(batch: int) -> dict[str, Any]:
                                             fused=True)
         row["fused_alone_equal_batched"] = torch.equal(o_one, o_fused[one]) and torch.equal(s_one[0], s_fused[1])
     forms: dict[str, Any] = {"fla": functools.partial(gdn_fla.chunk_rule_in_place, fused=False)}
-    original = gdn_fused.state_and_output
+    original = ORIGINAL
     for bv, warps, stages, first in SHAPES:
-        shaped = functools.partial(original, bv=bv, warps=warps, stages=stages, update_first=first)
-        name = f"fused_{bv}x{warps}x{stages}" + ("_update_first" if first else "")
+        name = _name(bv, warps, stages, first)
+        shaped = _shaped(name)
         forms[name] = (shaped, )
         s_form = state.clone()
-        gdn_fused.state_and_output = shaped  # type: ignore[assignment]
+        gdn_fused.state_and_output = shaped
         try:  # each launch shape's bits against fla's
             o_form = gdn_fla.chunk_rule_in_place(q, k, v, sums, beta, s_form, solve, fused=True)
             row.setdefault("equal_to_fla", {})[name] = torch.equal(o_form, o_fla) and torch.equal(s_form, s_fla)
@@ -124,10 +127,25 @@ def _layer(batch: int) -> dict[str, Any]:
     return row
 
 
+def _name(bv: int, warps: int, stages: int, first: bool) -> str:
+    return f"fused_{bv}x{warps}x{stages}" + ("_update_first" if first else "")
+
+
+def _shaped(name: str) -> Any:
+    """``fused_BVxWARPSxSTAGES[_update_first]``: the fused kernel at that launch shape."""
+    shape, _, first = name.removeprefix("fused_").partition("_")
+    bv, warps, stages = (int(x) for x in shape.split("x"))
+    return functools.partial(ORIGINAL, bv=bv, warps=warps, stages=stages, update_first=first == "update_first")
+
+
+SHIPPED = _name(gdn_fused.BV, gdn_fused.WARPS, gdn_fused.STAGES, False)
+
+
 def _form(name: str) -> None:
-    """What a pass runs outside its graph takes its form's kernel, as its graph was captured with."""
+    """What a pass runs, in its graph or outside it, takes its form's kernel: fla's, or the fused
+    one at its launch shape (gdn_fla calls ``gdn_fused.state_and_output`` through the module)."""
     gdn_fla.FUSED_FROM = 10**9 if name == "fla" else 1
-    gdn_fused.UPDATE_FIRST = name == "fused_update_first"
+    gdn_fused.state_and_output = ORIGINAL if name == "fla" else _shaped(name)
 
 
 def main() -> None:
@@ -139,8 +157,8 @@ def main() -> None:
     ap.add_argument("--layer-only", action="store_true", help="skip the whole passes")
     ap.add_argument("--pass-cases", nargs="*", default=[f"{b}:{g}" for b, g in CASES],
                     help="whole passes as B:GROUP, GROUP one of read_pass_ab's (0-2k, 32k)")
-    ap.add_argument("--pass-forms", nargs=2, default=["fla", "fused"],
-                    choices=["fla", "fused", "fused_update_first"], help="the two forms the passes compare")
+    ap.add_argument("--pass-forms", nargs=2, default=["fla", SHIPPED],
+                    help="the two forms the passes compare: fla, or fused_BVxWARPSxSTAGES[_update_first]")
     args = ap.parse_args()
     assert gdn_fla.available()
     out: dict[str, Any] = {"probe": "gdn_fused_ab", **environment(), "layer": [], "passes": []}
@@ -161,7 +179,10 @@ def main() -> None:
     out["refused"] = {name: dict(fast.refused) for name, fast in forms.items()}
     for batch, group in (tuple(case.split(":")) for case in args.pass_cases):
         batch = int(batch)
-        row = _case(model, forms, batch, group, args.rounds, args.passes, switch=_form)
+        try:
+            row = _case(model, forms, batch, group, args.rounds, args.passes, switch=_form)
+        finally:
+            _form("fla")
         out["passes"].append(row)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "depths"}),
               flush=True)

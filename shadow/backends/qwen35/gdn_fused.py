@@ -38,9 +38,6 @@ UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
 # 32 value columns a program (as fla's pinned state kernel), 4 warps, 2 stages: the fastest launch
 # shape on the H200 at 8 and 16 sessions, level with 64 columns (``results/gdn_fused_ab.json``)
 BV, WARPS, STAGES = 32, 4, 2
-# the state's chain before each chunk's output: the same bits, a schedule under test on the H200
-# (``benchmarks/probes/gdn_fused_ab.py``); read when a call is made, so when a graph is captured
-UPDATE_FIRST = False
 
 
 @triton.jit
@@ -127,11 +124,13 @@ def fits(key_dim: int, value_dim: int, bv: int = BV) -> bool:
 
 def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch.Tensor, g_sums: torch.Tensor,
                      state: torch.Tensor, out: torch.Tensor, bv: int = BV, warps: int = WARPS,
-                     stages: int = STAGES, update_first: bool | None = None) -> None:
+                     stages: int = STAGES, update_first: bool = False) -> None:
     """B sessions of T rows each (fla's batch axis): q, k ``[B, T, H, K]``, u ``[B, T, HV, V]``, w
     ``[B, T, HV, K]``, g_sums ``[B, T, HV]`` fp32 (the gate summed within 64-row chunks, log2 units),
     state ``[B, HV, K, V]`` fp32, moved on in place (each program reads its block before it writes
-    it, and no two share one); writes o into ``out`` ``[B, T, HV, V]``."""
+    it, and no two share one); writes o into ``out`` ``[B, T, HV, V]``. ``update_first`` moves the
+    state on before each chunk's output is computed: the same operations on the same values, a
+    schedule to time (``benchmarks/probes/gdn_fused_ab.py``)."""
     b, t, h, dk = k.shape
     hv, dv = u.shape[2], u.shape[3]
     for x in (q, k, u, w, g_sums, state, out):
@@ -141,9 +140,8 @@ def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch
         raise ValueError(f"state_and_output is written for key dim 128 and whole {bv}-column value blocks; "
                          f"got k {list(k.shape)}, u {list(u.shape)}, state {list(state.shape)}")
     dot = tl.float32 if UPCAST else tl.bfloat16
-    first = UPDATE_FIRST if update_first is None else update_first
     _state_out_kernel[(dv // bv * b * hv,)](q, k, u, w, g_sums, out, state, t, dk ** -0.5, H=h, HV=hv, K=dk, V=dv,
-                                           BT=64, BV=bv, DOT=dot, UPDATE_FIRST=first, num_warps=warps,
+                                           BT=64, BV=bv, DOT=dot, UPDATE_FIRST=update_first, num_warps=warps,
                                            num_stages=stages)
 
 
