@@ -7,8 +7,10 @@ round trip a row, eight a program (PTX for sm_90, Triton 3.6 and 3.9: ``ld``/``s
 The lead loads its rows first; its ``rms_norm`` loads the weight before the stream's store, its
 ``qk_norm_rope`` the rotated columns and positions before its first store. The arithmetic is the
 same (compiled for sm_90 with Triton 3.6 and 3.9: the same count of every float instruction), so
-the bits should be too. It landed at 2dd9584 and was taken back at the end of that session, no GPU
-having been lent to run this probe; it comes back if this probe finds equal bits and a gain.
+the bits should be too. It landed at 2dd9584, was taken back at 00bbf42 (no GPU lent), and came
+back after this probe's first run (H100, ``results/loads_first.json``): equal bits in every row and
+pass, the conv 13 % faster at 8 and 16 sessions, B = 8 passes 1 to 3 % faster. Since then the shipped
+kernels are the lead's; to time them again against the walk, pass 00bbf42's file as the lead.
 
 1. Each kernel alone in a CUDA graph (us a call, rounds alternating shipped and lead): the conv at
    one session's 512 rows, 8 and 16 sessions', and 16 single-row sessions (a batched decode's shape);

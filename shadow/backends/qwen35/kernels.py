@@ -40,13 +40,15 @@ def _rms_norm_kernel(x_ptr, delta_ptr, w_ptr, out_ptr, R, D, stride_x, stride_de
     cols = tl.arange(0, BLOCK)[None, :]
     m = (row < R) & (cols < D)
     x = tl.load(x_ptr + row * stride_x + cols, mask=m, other=0.0)
+    # loaded before the stream's store, which the compiler may not move a load above: after it, the
+    # weight's load would wait for the row's
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)  # 1 + weight, fp32
     if ADD:
         d = tl.load(delta_ptr + row * stride_delta + cols, mask=m, other=0.0)
         x = (x.to(tl.float32) + d.to(tl.float32)).to(x_ptr.dtype.element_ty)  # the stream stays in model dtype
         tl.store(x_ptr + row * stride_x + cols, x, mask=m)
     xf = x.to(tl.float32)
     y = xf * tl.rsqrt(tl.sum(xf * xf, axis=1)[:, None] / D + eps)
-    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)  # 1 + weight, fp32
     tl.store(out_ptr + row * stride_out + cols, (y * w).to(out_ptr.dtype.element_ty), mask=m)
 
 
@@ -103,10 +105,9 @@ def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_pt
             src = base + H * 2 * HD + (head - H) * HD
             w_ptr = kn_ptr
             dst = k_ptr + (row * KVH + head - H) * HD
+        # every load before the first store, which the compiler may not move a load above
         xf = tl.load(src + cols, mask=m, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1)[:, None] / HD + eps)
-        y = xf * rstd * tl.load(w_ptr + cols, mask=cols < HD, other=0.0)
-        tl.store(dst + cols, y.to(q_ptr.dtype.element_ty), mask=m & (cols >= RD))
+        w = tl.load(w_ptr + cols, mask=cols < HD, other=0.0)
         # The rotated columns apart, in a tile of their own: the cosine and sine (the kernel's
         # costliest arithmetic) run on RD columns, not the whole head. Same operations on the same
         # values as the whole-head form, so the same bits.
@@ -114,14 +115,20 @@ def _qk_norm_rope_kernel(proj_ptr, qn_ptr, kn_ptr, inv_freq_ptr, start_ptr, q_pt
         half = RD // 2
         rot = rc < RD
         mrot = mr & rot
-        xr = tl.load(src + rc, mask=mrot, other=0.0).to(tl.float32)
-        yr = xr * rstd * tl.load(w_ptr + rc, mask=rot, other=0.0)
         partner = tl.where(rc < half, rc + half, rc - half)
+        xr = tl.load(src + rc, mask=mrot, other=0.0).to(tl.float32)
+        wr = tl.load(w_ptr + rc, mask=rot, other=0.0)
         pf = tl.load(src + partner, mask=mrot, other=0.0).to(tl.float32)
-        py = pf * rstd * tl.load(w_ptr + partner, mask=rot, other=0.0)
+        wp = tl.load(w_ptr + partner, mask=rot, other=0.0)
         # row r is row r % SEG of session r // SEG, which starts at its own position
         pos = (tl.load(start_ptr + row // SEG, mask=mr, other=0) + row % SEG).to(tl.float32)
-        freq = pos * tl.load(inv_freq_ptr + (rc % half), mask=rot, other=0.0)
+        inv = tl.load(inv_freq_ptr + (rc % half), mask=rot, other=0.0)
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1)[:, None] / HD + eps)
+        y = xf * rstd * w
+        tl.store(dst + cols, y.to(q_ptr.dtype.element_ty), mask=m & (cols >= RD))
+        yr = xr * rstd * wr
+        py = pf * rstd * wp
+        freq = pos * inv
         rotated = tl.where(rc < half, -py, py)
         tl.store(dst + rc, (yr * tl.cos(freq) + rotated * tl.sin(freq)).to(q_ptr.dtype.element_ty), mask=mrot)
     else:
@@ -176,17 +183,39 @@ def _held_or_new(proj_ptr, state_ptr, c, mc, r, stride_proj, KERNEL: tl.constexp
 
 
 @triton.jit
+def _new_row(proj_ptr, c, mc, t, i: tl.constexpr, first, SEG, n, stride_proj, BLOCK_T: tl.constexpr):
+    """Row ``t + i`` of the block's session as fp32 (zero past the session's rows, the launch's
+    rows, or the block's ``BLOCK_T``)."""
+    rows = c * 0 + t + i
+    real = mc & (rows < SEG) & (first + rows < n) & (i < BLOCK_T)
+    return tl.load(proj_ptr + (t + i) * stride_proj + c, mask=real, other=0.0).to(tl.float32), real
+
+
+@triton.jit
+def _conv_out(xa, xb, xc, xd, w0, w1, w2, w3, region):
+    acc = xa * w0 + xb * w1 + xc * w2 + xd * w3
+    y = acc * tl.sigmoid(acc)
+    if region < 2:  # q and k leave l2-normalised per head, as the rule wants them (fla's l2norm, eps 1e-6)
+        y = y * tl.rsqrt(tl.sum(y * y, axis=0) + 1e-6)
+    return y
+
+
+@triton.jit
 def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, SEG, C, KD, stride_proj, stride_state,
                       KERNEL: tl.constexpr, BLOCK_T: tl.constexpr, HEAD: tl.constexpr):
-    # One program: one head's channels over BLOCK_T rows of one session, walked in order with the
-    # last KERNEL - 1 rows held in registers, so each row is loaded once (the unrolled loads do not
-    # depend on one another and issue together). Rows are sessions of SEG rows, each after its own
-    # held columns: a session's arithmetic is the same whichever sessions share the launch.
+    # One program: one head's channels over BLOCK_T (at most 8) rows of one session. Every load is
+    # issued before any store: a store may alias a later load as far as the compiler knows, so a
+    # walk that stored each row as it went waited a memory round trip a row (PTX for sm_90: load and
+    # store alternating; timed against it in probes/loads_first.py). The arithmetic is the walk's. Rows
+    # are sessions of SEG rows, each after its own held columns: a session's arithmetic is the same
+    # whichever sessions share the launch.
     tl.static_assert(KERNEL == 4)
+    tl.static_assert(BLOCK_T <= 8)
     g0 = tl.program_id(0) * BLOCK_T
     sess = g0 // SEG
     t0 = g0 - sess * SEG  # the block's first row within its session (blocks never straddle two)
-    proj_ptr += sess * SEG * stride_proj
+    first = sess * SEG
+    proj_ptr += first * stride_proj
     state_ptr += sess * stride_state
     c = tl.program_id(1) * HEAD + tl.arange(0, HEAD)
     mc = c < C
@@ -197,35 +226,44 @@ def _conv_silu_kernel(proj_ptr, state_ptr, w_ptr, out_ptr, valid_ptr, n, SEG, C,
     xa = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 3, stride_proj, KERNEL)
     xb = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 2, stride_proj, KERNEL)
     xc = _held_or_new(proj_ptr, state_ptr, c, mc, t0 - 1, stride_proj, KERNEL)
+    x0, m0 = _new_row(proj_ptr, c, mc, t0, 0, first, SEG, n, stride_proj, BLOCK_T)
+    x1, m1 = _new_row(proj_ptr, c, mc, t0, 1, first, SEG, n, stride_proj, BLOCK_T)
+    x2, m2 = _new_row(proj_ptr, c, mc, t0, 2, first, SEG, n, stride_proj, BLOCK_T)
+    x3, m3 = _new_row(proj_ptr, c, mc, t0, 3, first, SEG, n, stride_proj, BLOCK_T)
+    x4, m4 = _new_row(proj_ptr, c, mc, t0, 4, first, SEG, n, stride_proj, BLOCK_T)
+    x5, m5 = _new_row(proj_ptr, c, mc, t0, 5, first, SEG, n, stride_proj, BLOCK_T)
+    x6, m6 = _new_row(proj_ptr, c, mc, t0, 6, first, SEG, n, stride_proj, BLOCK_T)
+    x7, m7 = _new_row(proj_ptr, c, mc, t0, 7, first, SEG, n, stride_proj, BLOCK_T)
     region = tl.program_id(1) * HEAD // KD  # 0 q, 1 k, 2 and above v
     # out is [q (n*KD) | k (n*KD) | v (n*VD)], each block contiguous by rows over every session, as
     # fla wants them (its batch axis is the sessions)
     width = tl.where(region >= 2, C - 2 * KD, KD)
-    base = out_ptr + tl.minimum(region, 2) * n * KD + (c - tl.minimum(region, 2) * KD) + sess * SEG * width
-    for i in tl.static_range(BLOCK_T):
-        t = t0 + i
-        real = mc & ((c * 0 + t) < SEG) & ((c * 0 + sess * SEG + t) < n)
-        xd = tl.load(proj_ptr + t * stride_proj + c, mask=real, other=0.0).to(tl.float32)
-        acc = xa * w0 + xb * w1 + xc * w2 + xd * w3
-        y = acc * tl.sigmoid(acc)
-        if region < 2:  # q and k leave l2-normalised per head, as the rule wants them (fla's l2norm, eps 1e-6)
-            y = y * tl.rsqrt(tl.sum(y * y, axis=0) + 1e-6)
-        tl.store(base + t * width, y.to(out_ptr.dtype.element_ty), mask=real)
-        xa, xb, xc = xb, xc, xd
+    base = out_ptr + tl.minimum(region, 2) * n * KD + (c - tl.minimum(region, 2) * KD) + (first + t0) * width
+    dt = out_ptr.dtype.element_ty
+    tl.store(base + 0 * width, _conv_out(xa, xb, xc, x0, w0, w1, w2, w3, region).to(dt), mask=m0)
+    tl.store(base + 1 * width, _conv_out(xb, xc, x0, x1, w0, w1, w2, w3, region).to(dt), mask=m1)
+    tl.store(base + 2 * width, _conv_out(xc, x0, x1, x2, w0, w1, w2, w3, region).to(dt), mask=m2)
+    tl.store(base + 3 * width, _conv_out(x0, x1, x2, x3, w0, w1, w2, w3, region).to(dt), mask=m3)
+    tl.store(base + 4 * width, _conv_out(x1, x2, x3, x4, w0, w1, w2, w3, region).to(dt), mask=m4)
+    tl.store(base + 5 * width, _conv_out(x2, x3, x4, x5, w0, w1, w2, w3, region).to(dt), mask=m5)
+    tl.store(base + 6 * width, _conv_out(x3, x4, x5, x6, w0, w1, w2, w3, region).to(dt), mask=m6)
+    tl.store(base + 7 * width, _conv_out(x4, x5, x6, x7, w0, w1, w2, w3, region).to(dt), mask=m7)
     if t0 == 0:
         # The state moves on here, in the one program that read it: the new held columns are
-        # columns [valid, valid + KERNEL) of [state | new rows]; all read before any is written.
+        # columns [valid, valid + KERNEL) of [state | new rows], all read before any is written.
+        # (Read after the stores, a round trip more for one program in 64 of a session's; read
+        # with the rows, every program's masked loads cost the CPU tests' interpreter a third more.)
         valid = tl.load(valid_ptr)
         n0 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 4, stride_proj, KERNEL)
         n1 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 3, stride_proj, KERNEL)
         n2 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 2, stride_proj, KERNEL)
         n3 = _held_or_new(proj_ptr, state_ptr, c, mc, valid - 1, stride_proj, KERNEL)
         tl.debug_barrier()
-        dt = state_ptr.dtype.element_ty
-        tl.store(state_ptr + c * KERNEL + 0, n0.to(dt), mask=mc)
-        tl.store(state_ptr + c * KERNEL + 1, n1.to(dt), mask=mc)
-        tl.store(state_ptr + c * KERNEL + 2, n2.to(dt), mask=mc)
-        tl.store(state_ptr + c * KERNEL + 3, n3.to(dt), mask=mc)
+        sdt = state_ptr.dtype.element_ty
+        tl.store(state_ptr + c * KERNEL + 0, n0.to(sdt), mask=mc)
+        tl.store(state_ptr + c * KERNEL + 1, n1.to(sdt), mask=mc)
+        tl.store(state_ptr + c * KERNEL + 2, n2.to(sdt), mask=mc)
+        tl.store(state_ptr + c * KERNEL + 3, n3.to(sdt), mask=mc)
 
 
 def conv_silu(proj: torch.Tensor, state: torch.Tensor, weight: torch.Tensor, key_dim: int, head: int,
