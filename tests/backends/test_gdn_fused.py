@@ -60,6 +60,9 @@ def test_refuses_what_it_was_not_written_for():
     q, k, u, w, g, s0 = _inputs(1, 64, 2, 2, 48, seed=1)
     with pytest.raises(ValueError, match="whole 32-column value blocks"):
         state_and_output(q, k, u, w, g, s0, torch.empty_like(u))
+    q, k, u, w, g, s0 = _inputs(2, 1, 2, 2, 64, seed=1)  # one row a session faulted on an H100
+    with pytest.raises(ValueError, match="more than one row a session"):
+        state_and_output(q, k, u, w, g, s0, torch.empty_like(u))
 
 
 def test_the_torch_form_is_the_rule_given_fla_s_w_and_u():
@@ -102,7 +105,8 @@ def test_the_fast_path_takes_the_fused_kernel_where_measured_and_where_written_f
     fused form was taken for them and refused them, failing four GPU tests)."""
     from shadow.backends.qwen35.gdn_fla import FUSED_FROM, use_fused
 
-    assert not use_fused(1, 128, 128)
-    assert use_fused(FUSED_FROM, 128, 128) and use_fused(16, 128, 128)
-    assert not use_fused(FUSED_FROM - 1, 128, 128)
-    assert not use_fused(8, 16, 16) and not use_fused(8, 128, 48)
+    assert not use_fused(1, 128, 128, 512)
+    assert use_fused(FUSED_FROM, 128, 128, 512) and use_fused(16, 128, 128, 3)
+    assert not use_fused(FUSED_FROM - 1, 128, 128, 512)
+    assert not use_fused(8, 16, 16, 512) and not use_fused(8, 128, 48, 512)
+    assert not use_fused(16, 128, 128, 1)  # a batched decode step: one row a session

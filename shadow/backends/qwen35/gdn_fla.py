@@ -125,12 +125,13 @@ def recurrent_step(
 FUSED_FROM = 2
 
 
-def use_fused(sessions: int, key_dim: int, value_dim: int) -> bool:
+def use_fused(sessions: int, key_dim: int, value_dim: int, rows: int) -> bool:
     """The default form of ``chunk_rule_in_place``: fused from ``FUSED_FROM`` sessions, where the
-    kernel is written for the head dims (fla's two kernels take any, the tests' tiny models too)."""
+    kernel is written for the head dims (fla's two kernels take any, the tests' tiny models too)
+    and for the rows a session (``gdn_fused.fits``: not one row, a decode step)."""
     from . import gdn_fused
 
-    return sessions >= FUSED_FROM and gdn_fused.fits(key_dim, value_dim)
+    return sessions >= FUSED_FROM and gdn_fused.fits(key_dim, value_dim, rows=rows)
 
 
 def chunk_rule_in_place(
@@ -174,7 +175,7 @@ def chunk_rule_in_place(
     solve_kernel[(nt, b * hv)](k=k1, g=g1, beta=b1, A=a1, cu_seqlens=None, chunk_indices=None, T=t, H=h,
                                HV=hv, K=dk, BT=chunk, BC=16)
     w, u = recompute_w_u_fwd(k=k1, v=v1, beta=b1, A=a1, g=g1)
-    if use_fused(b, dk, dv) if fused is None else fused:
+    if use_fused(b, dk, dv, t) if fused is None else fused:
         from . import gdn_fused
 
         out = torch.empty_like(u)

@@ -119,9 +119,13 @@ def _state_out_kernel(q, k, u, w, g, o, state, T, scale, H: tl.constexpr, HV: tl
     tl.store(state + o_k2[:, None] * V + o_v[None, :], h2.to(state.dtype.element_ty))
 
 
-def fits(key_dim: int, value_dim: int, bv: int = BV) -> bool:
-    """Whether the kernel is written for these head dims (Qwen3.5's 128 and 128 are)."""
-    return key_dim == 128 and value_dim % bv == 0
+def fits(key_dim: int, value_dim: int, bv: int = BV, rows: int = 64) -> bool:
+    """Whether the kernel is written for these head dims (Qwen3.5's 128 and 128 are) and this many
+    rows a session. Not one: at one row (a batched decode step) the compiled kernel made an illegal
+    memory access on an H100 (2, 16 sessions; 16 and 32 value heads) or gave other bits than fla's
+    (2 sessions, 32 heads), while 3, 64 and 512 rows gave fla's bits (cb9588a). Triton compiles an
+    integer argument equal to 1 as a constant, so one row is a kernel of its own."""
+    return key_dim == 128 and value_dim % bv == 0 and rows != 1
 
 
 def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch.Tensor, g_sums: torch.Tensor,
@@ -138,9 +142,10 @@ def state_and_output(q: torch.Tensor, k: torch.Tensor, u: torch.Tensor, w: torch
     for x in (q, k, u, w, g_sums, state, out):
         if not x.is_contiguous():
             raise ValueError(f"state_and_output takes contiguous tensors, got strides {x.stride()}")
-    if not fits(dk, dv, bv) or state.shape != (b, hv, dk, dv):
-        raise ValueError(f"state_and_output is written for key dim 128 and whole {bv}-column value blocks; "
-                         f"got k {list(k.shape)}, u {list(u.shape)}, state {list(state.shape)}")
+    if not fits(dk, dv, bv, rows=t) or state.shape != (b, hv, dk, dv):
+        raise ValueError(f"state_and_output is written for key dim 128, whole {bv}-column value blocks and "
+                         f"more than one row a session; got k {list(k.shape)}, u {list(u.shape)}, "
+                         f"state {list(state.shape)}")
     dot = tl.float32 if UPCAST else tl.bfloat16
     _state_out_kernel[(dv // bv * b * hv,)](q, k, u, w, g_sums, out, state, t, dk ** -0.5, H=h, HV=hv, K=dk, V=dv,
                                            BT=64, BV=bv, DOT=dot, UPDATE_FIRST=update_first, num_warps=warps,
