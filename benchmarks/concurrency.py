@@ -228,21 +228,29 @@ class Run:
 
 def parse_policy(text: str) -> Policy:
     """``turn:S`` or ``device:S``, then ``:spans`` to read spans, then (device) ``:gatherN/MS``: a slice
-    waits for N chunks pending, at most MS ms (``RATION_GATHER``, ``RATION_GATHER_MS``)."""
+    waits for N chunks pending, at most MS ms (``RATION_GATHER``, ``RATION_GATHER_MS``); ``:outK``: the
+    ration reads Qwen's output too while at most K requests run (``RATION_OUTPUT_TURNS``, 1)."""
     scope, _, rest = text.partition(":")
     pct, _, extra = rest.partition(":")
     words = extra.split(":") if extra else []
     spans = "spans" in words
+    out = [w for w in words if w.startswith("out")]
+    try:
+        output_turns = int(out[0][3:]) if out else 1
+    except ValueError:
+        output_turns = -1
     gather = [w for w in words if w.startswith("gather")]
     try:
         n, ms = (int(gather[0][6:].split("/")[0]), float(gather[0].split("/")[1])) if gather else (1, 0.0)
     except (ValueError, IndexError):
         n, ms = 0, -1.0
-    if scope not in ("turn", "device") or not pct or len(words) != spans + len(gather) or len(gather) > 1 \
+    if scope not in ("turn", "device") or not pct or len(words) != spans + len(gather) + len(out) \
+            or len(gather) > 1 or len(out) > 1 or output_turns < 0 \
             or n < 1 or ms < 0 or (gather and scope != "device"):
         raise SystemExit(f"policy {text!r}: write turn:S or device:S, then :spans to read spans, then (device) "
-                         f":gatherN/MS (S the share in %)")
-    return Policy(float(pct), scope, spans, n, ms)
+                         f":gatherN/MS, then :outK to read Qwen's output while at most K requests run "
+                         f"(S the share in %)")
+    return Policy(float(pct), scope, spans, n, ms, output_turns)
 
 
 def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k: Knobs2,
@@ -255,7 +263,8 @@ def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k
     reader = SimReader(grid, lambda row: costs.per_chunk(1, row), clock, costs.max_batch, costs,
                        spans=tuple(costs.span_ratio) if policy.spans else (), span_cost=costs.span)
     gather = f":gather{policy.gather}/{policy.gather_ms:g}" if policy.gather > 1 else ""
-    run = Run(k.agents, f"{policy.scope}:{policy.ration_pct:g}{':spans' if policy.spans else ''}{gather}")
+    run = Run(k.agents, f"{policy.scope}:{policy.ration_pct:g}{':spans' if policy.spans else ''}{gather}"
+                        f"{'' if policy.output_turns == 1 else f':out{policy.output_turns}'}")
 
     def on_pass(batch: Sequence[Any], now: float) -> None:
         run.passes += 1

@@ -189,6 +189,7 @@ class Policy:
     spans: bool = False  # a pass of one session may read several of its chunks (``Reader.read_span``)
     gather: int = 1  # device-wide: a slice waits for this many chunks pending (RATION_GATHER)
     gather_ms: float = 0.0  # ... at most this long (RATION_GATHER_MS)
+    output_turns: int = 1  # the ration reads Qwen's output too while at most this many requests run
 
     @property
     def name(self) -> str:
@@ -236,6 +237,7 @@ def _build(policy: Policy, knobs: Knobs, reader: SimReader, clock: SimClock, hom
     settings = ShadowSettings(_env_file=None, model="simulated", dir=home, grid=knobs.grid, disk="off",
                               trace="none", profiles="", ration=policy.ration_pct / 100, ration_scope=policy.scope,
                               ration_gather=policy.gather, ration_gather_ms=policy.gather_ms,
+                              ration_output_turns=policy.output_turns,
                               ration_thread=False,  # slices read in the round: the simulated clock is one thread's
                               slice_ms=knobs.slice_ms, idle_poll_s=knobs.idle_poll_s,
                               idle_window_s=knobs.idle_window_s)

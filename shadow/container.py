@@ -183,7 +183,7 @@ def _ration(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Cal
     return RationedScheduler(slot, activity, telemetry, clock, share=settings.ration,
                              slice_s=settings.slice_ms / 1e3, scope=settings.ration_scope,
                              gather=settings.ration_gather, gather_s=settings.ration_gather_ms / 1e3,
-                             thread=settings.ration_thread)
+                             thread=settings.ration_thread, output_turns=settings.ration_output_turns)
 
 
 def _activity(clock: Callable[[], float]) -> HostActivity:

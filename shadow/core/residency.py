@@ -158,15 +158,16 @@ class Residency:
                 return Position()
             return info.position
 
-    def counts(self, session: str) -> tuple[int, int]:
+    def counts(self, session: str, settled: bool = False) -> tuple[int, int]:
         """``(ids held, ids committed)``: ``position``'s two numbers without its copy of the rest
-        (the host asks on every decode round)."""
+        (the host asks on every decode round). With ``settled``, the settled end in place of the ids
+        held (``SessionBook.settled_end``)."""
         with self.lock:
             book = self._entry(session).book
             if book is not None:
-                return len(book.ids), book.committed
+                return book.settled_end if settled else len(book.ids), book.committed
         p = self.position(session)
-        return p.length, p.committed
+        return p.settled if settled else p.length, p.committed
 
     def session_ids(self, session: str) -> tuple[int, ...]:
         """Every id the session holds. A session parked by an earlier process keeps its ids in its

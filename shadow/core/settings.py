@@ -112,6 +112,10 @@ class ShadowSettings(BaseSettings):
                                                     "pending over all sessions (1: reads whatever is pending)")
     ration_gather_ms: float = Field(1000.0, ge=0.0, description="device-wide ration: the longest a slice waits to "
                                                              "gather RATION_GATHER chunks")
+    ration_output_turns: int = Field(1, ge=0, description="the ration also reads Qwen's output while at most this "
+                                                        "many followed requests run; with more, only up to each "
+                                                        "session's latest prompt line (agents' next prompts mostly "
+                                                        "rewrite the output)")
     ration_thread: bool = Field(True, description="a ration slice reads on a thread of its own: the engine's "
                                                    "round returns at once (its rounds stay quiet meanwhile)")
 

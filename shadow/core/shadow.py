@@ -21,14 +21,13 @@ from typing import Any
 from .costs import ChunkCosts, fits
 from .errors import BadInput, UnknownSession
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
+from .questions import MAX_CHOICES, choice_tokens, question_ids
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
 from .residency import Residency
 from .session import Position, first_difference, int32_or_none
 from .token_ids import checked, packed
 
 __all__ = ["MAX_CHOICES", "Answer", "ChunkRead", "Shadow"]
-
-MAX_CHOICES = 26
 
 OnPass = Callable[[list["ChunkRead"], "float | None", int, int], None]  # chunks, estimate, start, end (epoch ns)
 
@@ -52,16 +51,18 @@ class Shadow:
                                    cap_bytes=cap_bytes, max_sessions=max_sessions, telemetry=telemetry)
         self._lock = self.residency.lock
         self.costs = ChunkCosts()  # what a pass costs, by batch size and depth: every plan reads it
-        self._ready: set[str] = set()  # sessions with a whole chunk pending (a superset: see ``ready``)
+        # sessions with a whole chunk pending (a superset: see ``ready``); [True]: below the settled end
+        self._ready: dict[bool, set[str]] = {False: set(), True: set()}
         self._changes = 0  # bumped whenever ``_ready`` may change: ``lowest_ready_depth``'s cache key
-        self._lowest: tuple[int, int | None] = (-1, None)
+        self._lowest: dict[bool, tuple[int, int | None]] = {}
         for name in self.residency.names():  # sessions a planned stop parked
             self._mark(name)
         self.residency.on_forget.append(self._forgotten)
 
     def _forgotten(self, session: str) -> None:
         """The residency forgot ``session`` (a DELETE, the cap or MAX_SESSIONS): it is not ready any more."""
-        self._ready.discard(session)
+        for ready in self._ready.values():
+            ready.discard(session)
         self._changes += 1
 
     @property
@@ -158,9 +159,11 @@ class Shadow:
         """``(ids held, ids committed)`` of the session; never brings its state back."""
         return self.residency.counts(session)
 
-    def backlog(self, session: str) -> int:
-        held, committed = self.residency.counts(session)
-        return held - committed
+    def backlog(self, session: str, settled: bool = False) -> int:
+        """Ids of ``session`` not yet read (with ``settled``, below its settled end only: what the
+        ration may read, ``SessionBook.settled_end``)."""
+        end, committed = self.residency.counts(session, settled)
+        return max(0, end - committed)
 
     def backlogs(self) -> dict[str, int]:
         """Ids not yet committed, per session (resident or parked): what schedulers poll."""
@@ -194,7 +197,8 @@ class Shadow:
 
     def read(self, session: str | None = None, budget_s: float | None = None, max_chunks: int | None = None, *,
              first: Sequence[str] = (), stop: Callable[[], bool] | None = None, on_pass: OnPass | None = None,
-             first_pass_free: bool = False, whole: bool = False, yields: bool = False) -> list[ChunkRead]:
+             first_pass_free: bool = False, whole: bool = False, yields: bool = False,
+             settled: bool = False) -> list[ChunkRead]:
         """Read whole chunks now, in passes of up to ``reader.max_batch`` sessions (one chunk each):
         of ``session`` alone (a use), or of every session with a whole chunk pending but those
         dropped and not used since: those of ``first`` (uses: the turns in flight) nearest to fresh
@@ -204,8 +208,10 @@ class Shadow:
         budget to cover it, rather than reading fewer sessions now (a batch costs less per session:
         the device-wide ration's way to spend its share on throughput); with ``yields`` (a background
         read) it also stops once another caller waits for the facade, so that caller waits at most
-        the pass in flight, not the slice; ``on_pass(chunks, estimate, start_ns, end_ns)`` follows
-        each pass. This is the loop:
+        the pass in flight, not the slice; with ``settled`` it reads only below each session's
+        settled end (the ration: the next prompt mostly rewrites what lies past it, Qwen's latest
+        output, and rows read there would be read again); ``on_pass(chunks, estimate, start_ns,
+        end_ns)`` follows each pass. This is the loop:
         the schedulers give it a budget and the sessions to favour, and do not repeat it."""
         spent, done = 0.0, list[ChunkRead]()
         with self._lock:
@@ -215,12 +221,13 @@ class Shadow:
             while (stop is None or not stop()) and not (yields and self._lock.waiting):
                 most = self.reader.max_batch if max_chunks is None else min(self.reader.max_batch,
                                                                             max_chunks - len(done))
-                line = self._line(session, first)[:max(0, most)]
+                line = self._line(session, first, settled)[:max(0, most)]
                 budget = None if budget_s is None or (first_pass_free and not done) else budget_s
                 names, estimate = self._fitting(line, spent, budget, whole)
                 if not names:
                     break
-                span = self._span_room(names, spent, budget, None if max_chunks is None else max_chunks - len(done))
+                span = self._span_room(names, spent, budget, None if max_chunks is None else max_chunks - len(done),
+                                       settled)
                 chunks, start_ns, end_ns = self._read_pass(names, uses, span)
                 spent += sum(c.cost_s for c in chunks)
                 done += chunks
@@ -228,17 +235,17 @@ class Shadow:
                     on_pass(chunks, estimate, start_ns, end_ns)
         return done
 
-    def _line(self, session: str | None, first: Sequence[str]) -> list[str]:
+    def _line(self, session: str | None, first: Sequence[str], settled: bool = False) -> list[str]:
         """The sessions ``read`` may read next, in its order. Of the turns in flight the one nearest
         to fresh comes first: with the ration short, reading the most behind first left every turn
         a little behind (80 % fresh at 16 agents against 96 %, ``benchmarks/concurrency.py``)."""
         if session is not None:
-            return [session] if self.backlog(session) >= self.grid else []
+            return [session] if self.backlog(session, settled) >= self.grid else []
         pending = {}
-        for name in self._ready:
-            held, committed = self.residency.counts(name)
-            if held - committed >= self.grid and not self.residency.awaits_use(name):
-                pending[name] = held - committed
+        for name in self._ready[settled]:
+            end, committed = self.residency.counts(name, settled)
+            if end - committed >= self.grid and not self.residency.awaits_use(name):
+                pending[name] = end - committed
         favoured = set(first)
         ahead = sorted((n for n in pending if n in favoured), key=lambda n: (pending[n], n))
         rest = sorted((n for n in pending if n not in favoured), key=lambda n: (-self._last_used(n), n))
@@ -254,13 +261,14 @@ class Shadow:
                 return line[:n], estimate
         return [], None
 
-    def _span_room(self, names: list[str], spent: float, budget: float | None, most: int | None) -> int:
+    def _span_room(self, names: list[str], spent: float, budget: float | None, most: int | None,
+                   settled: bool = False) -> int:
         """The most chunks a pass of ``names`` may read of its one session (a span, ``Reader.spans``):
         1 unless the pass holds one session and the reader takes spans (``ChunkCosts.span_that_fits``)."""
         if len(names) != 1 or not self.reader.spans:
             return 1
-        held, committed = self.residency.counts(names[0])
-        room = (held - committed) // self.grid if most is None else min(most, (held - committed) // self.grid)
+        end, committed = self.residency.counts(names[0], settled)
+        room = (end - committed) // self.grid if most is None else min(most, (end - committed) // self.grid)
         return self.costs.span_that_fits(self.reader.spans, committed, self.grid, room, spent, budget)
 
     def _read_pass(self, names: list[str], uses: set[str], span: int = 1) -> tuple[list[ChunkRead], int, int]:
@@ -292,26 +300,28 @@ class Shadow:
     def _mark(self, name: str) -> None:
         """Keep ``_ready`` true for ``name`` after its ids or its reading changed."""
         held, committed = self.residency.counts(name)
-        if held - committed >= self.grid:
-            self._ready.add(name)
-        else:
-            self._ready.discard(name)
+        end, _ = self.residency.counts(name, settled=True)
+        for settled, pending in ((False, held - committed), (True, end - committed)):
+            (self._ready[settled].add if pending >= self.grid else self._ready[settled].discard)(name)
         self._changes += 1
 
-    def ready(self) -> list[str]:
-        """Sessions the background may read now: a whole chunk pending, not dropped and unused since."""
+    def ready(self, settled: bool = False) -> list[str]:
+        """Sessions the background may read now: a whole chunk pending (with ``settled``, below the
+        settled end: what the ration may read), not dropped and unused since."""
         with self._lock:
-            return [n for n in self._ready if not self.residency.awaits_use(n)]
+            return [n for n in self._ready[settled] if not self.residency.awaits_use(n)]
 
-    def lowest_ready_depth(self) -> int | None:
+    def lowest_ready_depth(self, settled: bool = False) -> int | None:
         """The shallowest read position among ``ready``'s sessions (None: none), for a round's cheap
         look: kept until a feed or a read changes what is pending. A session dropped meanwhile may
         linger in it, which only makes a look happen, never skips one."""
         with self._lock:
-            if self._lowest[0] != self._changes:
-                depths = [self.residency.counts(n)[1] for n in self.ready()]
-                self._lowest = (self._changes, min(depths) if depths else None)
-            return self._lowest[1]
+            seen, lowest = self._lowest.get(settled, (-1, None))
+            if seen != self._changes:
+                depths = [self.residency.counts(n)[1] for n in self.ready(settled)]
+                lowest = min(depths) if depths else None
+                self._lowest[settled] = (self._changes, lowest)
+            return lowest
 
     def _read_tail(self, name: str, book: Any, tensors: Any, window: Window, upto: int | None = None) -> None:
         """Read the pending tail's whole chunks (below ``upto``) through the normal path before a
@@ -328,31 +338,6 @@ class Shadow:
 
     # ---- asking --------------------------------------------------------------------------
 
-    def _choice_tokens(self, choices: Sequence[str]) -> list[int]:
-        if not choices:
-            raise BadInput("choices is empty")
-        if len(choices) > MAX_CHOICES:
-            raise BadInput(f"{len(choices)} choices; at most {MAX_CHOICES}")
-        if len(set(choices)) != len(choices):
-            raise BadInput("choices repeat a label")
-        tokens = []
-        for c in choices:
-            t = self.prompter.single_token(c)
-            if t is None:
-                raise BadInput(f"choice {c!r} is not one token")
-            tokens.append(t)
-        return tokens
-
-    def _question(self, question: str | Sequence[int]) -> list[int]:
-        if isinstance(question, str):
-            if not question.strip():
-                raise BadInput("empty question")
-            return self.prompter.question_ids(question)
-        ids = checked(question, self.reader.vocab_size, "question")
-        if not ids:
-            raise BadInput("empty question")
-        return ids
-
     def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str],
             at: int | None = None) -> Answer:
         """The small model's choice among ``choices`` after the session and the question.
@@ -363,8 +348,8 @@ class Shadow:
         t0 = time.perf_counter()
         with self._lock:
             self.residency.check(session)
-            tokens = self._choice_tokens(choices)
-            q = self._question(question)
+            tokens = choice_tokens(self.prompter, choices)
+            q = question_ids(self.prompter, self.reader.vocab_size, question)
             with self.residency.using(session) as (book, tensors):
                 if at is not None and not book.committed <= at <= len(book.ids):
                     raise BadInput(f"cannot ask at {at}: the session has {len(book.ids)} ids and "
@@ -390,7 +375,7 @@ class Shadow:
             raise BadInput("max_new must be positive")
         with self._lock:
             self.residency.check(session)
-            ids = self._question(prompt)
+            ids = question_ids(self.prompter, self.reader.vocab_size, prompt)
             with self.residency.using(session) as (book, tensors):
                 if at is not None and not book.committed <= at <= len(book.ids):
                     raise BadInput(f"cannot decode at {at}: the session has {len(book.ids)} ids and "
@@ -411,8 +396,7 @@ class Shadow:
         """Drop everything of ``session``: its resident state, its parked file, its bookkeeping."""
         with self._lock:
             self.residency.forget(session)
-            self._ready.discard(session)
-            self._changes += 1
+            self._forgotten(session)
 
     def sessions(self) -> list[str]:
         return self.residency.names()

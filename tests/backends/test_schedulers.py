@@ -257,6 +257,38 @@ def test_the_ration_spends_at_most_its_share_in_slices_prompt_then_output(checkp
         assert sl.attributes["shadow.ration.budget_ms"] <= 150.0 + 1e-9
 
 
+@pytest.mark.parametrize("scope", ["turn", "device"])
+def test_with_more_requests_running_the_ration_reads_no_further_than_the_prompts_grid_line(
+        checkpoint, tmp_path, clock, spans, scope):
+    """With two requests running (more than RATION_OUTPUT_TURNS, 1) the ration stops at each latest
+    prompt's line (the settled end): an agent's next prompt rewrites Qwen's output, so it is left to
+    the idle window, and to questions, which read it."""
+    c, svc = loaded(checkpoint, tmp_path, clock, spans, ration_scope=scope, ration=0.05)
+    svc.started("r1", "s", ids(4 * GRID + 20, 1))
+    svc.started("r2", "t", ids(GRID + 7, 2))
+    for rid in ("r1", "r2"):
+        svc.first_token(rid)
+    out = ids(8 * 600, 3)
+    for k in range(600):  # far more decode time than the prompts need: 10 chunks of output each
+        clock.advance(0.05)
+        for rid in ("r1", "r2"):
+            svc.round_ended(rid, out[8 * k: 8 * k + 8])
+    read = spans.chunks("ration")
+    rows = sorted((s.attributes["gen_ai.conversation.id"], s.attributes["shadow.chunk.first_row"]) for s in read)
+    assert rows == [("s", 0), ("s", GRID), ("s", 2 * GRID), ("s", 3 * GRID), ("t", 0)]
+    status = svc.status().sessions
+    assert status["s"].committed == 4 * GRID and status["s"].backlog == 20 + len(out)
+    assert status["t"].committed == GRID and status["t"].backlog == 7 + len(out)
+    assert not c.ration().may_read(c.activity().turn("r1"), status["s"].backlog, GRID)  # quiet rounds stay quiet
+    svc.finished("r2")  # one request left running: its output is read too
+    clock.advance(1.0)
+    svc.round_ended("r1", [])
+    assert svc.status().sessions["s"].committed > 4 * GRID
+    svc.finished("r1")
+    svc.idle_step()  # the idle window, which costs the host nothing, reads the rest
+    assert all(line.backlog < GRID for line in svc.status().sessions.values())
+
+
 def test_a_slice_is_at_most_150_ms_and_starts_whole_chunks_on_the_estimate(checkpoint, tmp_path, clock, spans):
     _, svc = loaded(checkpoint, tmp_path, clock, spans)
     svc.started("r1", "s", ids(400 * GRID, 4))
@@ -335,7 +367,9 @@ def test_the_device_ration_alone_keeps_many_turns_fresh_within_one_share(checkpo
         for rid in turns:
             svc.round_ended(rid, out[rid][8 * k: 8 * k + 8])
     status = svc.status().sessions
-    assert all(status[f"s{i}"].backlog < GRID for i in range(4))  # fresh, by the ration alone
+    # fresh to the prompt's line, by the ration alone; the output is the idle window's (settled ids only)
+    assert all(status[f"s{i}"].committed == (i + 1) * GRID for i in range(4))
+    assert all(status[f"s{i}"].backlog == 5 + len(out[f"r{i}"]) for i in range(4))
     assert status["earlier"].committed == 2 * GRID  # and the session used last, once they were
     read = spans.chunks("ration")
     assert spans.chunks("idle") == []

@@ -103,6 +103,23 @@ def test_a_read_takes_passes_of_up_to_max_batch_in_flight_nearest_to_fresh_first
     assert sh.lowest_ready_depth() is None and sh.ready() == []
 
 
+def test_a_settled_read_stops_at_each_sessions_latest_prompt_line() -> None:
+    clock = FakeClock()
+    reader = CostedReader(max_batch=4, spans=(2, 4))
+    sh = facade(reader, clock)
+    fed(sh, clock, {"a": 3, "b": 1})
+    sh.feed_output("a", list(range(3 * GRID)))  # Qwen's output: three more chunks past a's line
+    sh.feed_output("b", list(range(GRID)))
+    assert sh.backlog("a") == 6 * GRID and sh.backlog("a", settled=True) == 3 * GRID
+    assert sorted(sh.ready()) == sorted(sh.ready(settled=True)) == ["a", "b"]
+    got = sh.read(first=["a"], settled=True)
+    assert sorted((c.session, c.first_row) for c in got) == [("a", 0), ("a", GRID), ("a", 2 * GRID), ("b", 0)]
+    assert sh.ready(settled=True) == [] and sh.lowest_ready_depth(settled=True) is None
+    assert sorted(sh.ready()) == ["a", "b"] and sh.lowest_ready_depth() == GRID  # the output, for the idle window
+    assert sh.read("a", settled=True) == []
+    assert [c.first_row for c in sh.read("a")] == [3 * GRID, 4 * GRID, 5 * GRID]
+
+
 def test_a_chunk_carries_its_share_of_the_pass_and_the_pass_cost_is_kept_once_by_batch_and_depth() -> None:
     clock = FakeClock()
     reader = CostedReader(max_batch=4, base=0.004, per_row=0.0, share=0.5)

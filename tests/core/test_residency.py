@@ -167,7 +167,7 @@ def test_without_a_disk_an_evicted_session_is_dropped_and_read_again():
     feed(r, "a", 200, committed=192)
     feed(r, "b", 10)
     assert r.where("a") == "dropped"
-    assert r.position("a") == Position(200, 0, 1, (), 0, 192, r.position("a").last_used)
+    assert r.position("a") == Position(200, 0, 1, (), 0, 192, r.position("a").last_used, settled=192)
     with r.using("a") as (book, tensors):
         assert tensors is made[2] and book.committed == 0 and book.reread == 192
 

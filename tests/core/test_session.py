@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shadow.core.session import MAX_CHECKPOINTS, SessionBook, first_difference, grid_line_at_or_below
+from shadow.core.session import (
+    MAX_CHECKPOINTS,
+    Position,
+    SessionBook,
+    checked_meta,
+    first_difference,
+    grid_line_at_or_below,
+)
 
 
 @given(st.lists(st.integers(0, 3), max_size=9000), st.lists(st.integers(0, 3), max_size=9000))
@@ -52,6 +59,48 @@ def test_divergence_in_the_tail_needs_no_rollback():
     book.committed_chunk()  # 64 committed, 36 pending
     assert book.feed_prompt(list(range(70)) + [5, 5]) is None
     assert book.committed == 64 and list(book.ids[-2:]) == [5, 5]
+
+
+def test_the_settled_end_is_the_latest_prompts_line_and_survives_a_parked_file():
+    book = SessionBook(grid=64)
+    assert book.settled_end == 0
+    book.feed_prompt(list(range(200)))  # line 192
+    book.feed_output(list(range(1000, 1300)))
+    assert book.settled_end == 192 and book.pending == 500
+    assert book.position().settled == 192 and book.position().settled_pending == 192
+    back = Position.from_meta(checked_meta(book.meta(), 64))
+    assert back == book.position()
+    book.feed_prompt(list(range(198)) + [7] * 400)  # the next prompt drops the output: line 576
+    assert book.settled_end == 576
+    book.feed_prompt(list(range(30)))  # a compaction: the line falls to 0 with the prompt
+    assert book.settled_end == 0
+    assert SessionBook(grid=64, ids=list(range(300))).settled_end == 300  # ids alone (a fresh prefill's)
+
+
+def test_a_session_whose_prompts_keep_the_output_is_settled_to_its_end():
+    book, held = SessionBook(grid=64), list(range(200))
+    book.feed_prompt(held)
+    for turn in range(3):  # an agent whose template keeps Qwen's output verbatim
+        book.feed_output([1000 + turn] * 100)
+        assert book.settled_end == (192 if turn == 0 else len(book.ids))
+        held = list(book.ids) + [7] * 30
+        book.feed_prompt(held)
+    assert book.outputs_kept == [3, 0]
+    book.feed_output([5] * 100)
+    book.feed_prompt(held[:-2] + [9] * 50)  # then one that drops it: still more kept than not
+    assert book.outputs_kept == [3, 1] and book.settled_end == len(book.ids)
+
+
+def test_a_book_parked_before_the_settled_fields_reads_as_one_that_never_saw_them():
+    book = SessionBook(grid=64)
+    book.feed_prompt(list(range(200)))
+    old = {k: v for k, v in book.meta().items() if k not in ("prompt_len", "outputs_kept")}
+    back = SessionBook.from_meta(checked_meta(old, 64), book.ids)
+    assert back.prompt_len == 0 and back.outputs_kept == [0, 0] and back.settled_end == 192
+    back.outputs_kept[0] += 1  # its own list, not the defaults'
+    assert SessionBook.from_meta(old, book.ids).outputs_kept == [0, 0]
+    with pytest.raises(ValueError, match="outputs_kept"):
+        checked_meta({**book.meta(), "outputs_kept": [1]}, 64)
 
 
 def test_at_most_six_checkpoints():

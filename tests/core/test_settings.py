@@ -61,6 +61,7 @@ SAMPLES = {
     "ration_gather": ("4", 4),
     "ration_gather_ms": ("250", 250.0),
     "ration_thread": ("false", False),
+    "ration_output_turns": ("4", 4),
     "ration_scope": ("turn", "turn"),
     "trace": ("jsonl,console", "jsonl,console"),
     "trace_file": ("/tmp/t.jsonl", "/tmp/t.jsonl"),

@@ -6,11 +6,11 @@ from shadow.core.errors import UnknownSession
 from shadow.core.shadow import ChunkRead, Shadow
 
 
-def backlog_of(shadow: Shadow, session: str) -> int:
-    """One session's backlog (0 for a session no longer known), without a pass over all of them:
-    the ration asks on every decode round."""
+def backlog_of(shadow: Shadow, session: str, settled: bool = False) -> int:
+    """One session's backlog (0 for a session no longer known; ``settled``: ``Shadow.backlog``'s),
+    without a pass over all of them: the ration asks on every decode round."""
     try:
-        return shadow.backlog(session)
+        return shadow.backlog(session, settled)
     except UnknownSession:
         return 0
 
