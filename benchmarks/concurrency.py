@@ -29,6 +29,8 @@ last). Per (agents, policy):
   one chunk behind what the turn's prompt keeps; ``p90_behind``: the ids it was behind there;
 - ``device_share_pct``: the ration's device time over the time during which some request decoded
   (what the shadow costs the host's decode; the idle window reads when nothing runs).
+- ``ids_reread``: committed ids that the prompts' rollbacks sent back to be read again (rows read
+  past what the next prompt kept: mostly Qwen's output, which agents' templates re-render).
 
 Writes ``benchmarks/results/concurrency.json`` (``--out``) and a plot beside it (matplotlib optional).
 """
@@ -209,6 +211,7 @@ class Run:
     idle_chunks: int = 0
     passes: int = 0
     batched_chunks: int = 0
+    ids_reread: int = 0  # committed ids the prompts' rollbacks sent back to be read again
     sim_s: float = 0.0
     wall_s: float = 0.0
 
@@ -220,7 +223,7 @@ class Run:
             "p90_behind": percentile(self.behind, 90),
             "device_share_pct": round(100 * self.ration_s / self.decoding_s, 3) if self.decoding_s else 0.0,
             "turns": len(self.behind), "ration_chunks": self.ration_chunks, "idle_chunks": self.idle_chunks,
-            "idle_s": round(self.idle_s, 3), "decoding_s": round(self.decoding_s, 1),
+            "idle_s": round(self.idle_s, 3), "decoding_s": round(self.decoding_s, 1), "ids_reread": self.ids_reread,
             "mean_batch": round(self.batched_chunks / self.passes, 2) if self.passes else None,
             "simulated_s": round(self.sim_s, 1), "wall_s": round(self.wall_s, 1),
         }
@@ -362,6 +365,7 @@ def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k
         ration = service.stats["ration"]
         run.ration_s, run.ration_chunks = ration.spent_s, ration.chunks
         run.decoding_s = container.activity().decoding_s()
+        run.ids_reread = int(container.metrics().value("shadow_ids_reread_total"))
         run.sim_s = clock()
         container.shutdown_resources()
     run.wall_s = time.perf_counter() - wall

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.concurrency import faster, main, pass_costs
+from benchmarks.concurrency import faster, main, parse_policy, pass_costs
+from benchmarks.freshness_sim import Policy
 
 SINGLE = [{"figure": "chunk", "model": "0.8b", "depth": 0, "ours_ms": 3.0},
           {"figure": "chunk", "model": "0.8b", "depth": 100_000, "ours_ms": 7.0}]
@@ -79,3 +80,26 @@ def test_a_what_if_replay_labels_its_rows_and_costs_less(shared_data: Path, tmp_
     same, quick = doc["rows"]
     assert (same["what_if"], quick["what_if"]) == ("base=1", "base=2,depth=2")
     assert same["ration_chunks"] > 0 and quick["device_share_pct"] < same["device_share_pct"]
+
+
+def test_a_policy_names_its_share_spans_gathering_and_output_turns() -> None:
+    assert parse_policy("device:8:spans:gather8/1000") == Policy(8.0, "device", True, 8, 1000.0, 1)
+    assert parse_policy("device:8:spans:gather8/1000:out1000").output_turns == 1000
+    assert parse_policy("turn:2:out0") == Policy(2.0, "turn", False, 1, 0.0, 0)
+    for bad in ("device:8:outx", "device:8:out1:out2", "turn:2:gather8/10", "device:8:fast"):
+        with pytest.raises(SystemExit, match="write turn:S or device:S"):
+            parse_policy(bad)
+
+
+def test_reading_only_settled_ids_leaves_less_to_read_again(shared_data: Path, tmp_path: Path) -> None:
+    """OpenHands' next prompt re-renders Qwen's output: what the ration read of it is read again
+    after the rollback, unless the ration stops at the prompt's line (``:out0``: at any load; the
+    idle window still reads the output, so some is read again either way)."""
+    out = tmp_path / "concurrency.json"
+    assert main(["--raw", str(shared_data / "sessions" / "raw"), "--only", "openhands-examples",
+                 "--agents", "2", "--policies", "device:8:out1000", "device:8:out0", "--minutes", "4",
+                 "--rate-file", str(rate_file(tmp_path, SINGLE + BATCH)), "--out", str(out), "--no-plot"]) == 0
+    every, settled = json.loads(out.read_text())["rows"]
+    assert (every["policy"], settled["policy"]) == ("device:8:out1000", "device:8:out0")
+    assert every["ids_reread"] > settled["ids_reread"]
+    assert settled["ration_chunks"] < every["ration_chunks"]
