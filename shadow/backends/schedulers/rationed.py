@@ -29,7 +29,7 @@ charged when the slice ends, if it still runs.
 With more than ``output_turns`` requests running (``RATION_OUTPUT_TURNS``, 1), a slice reads each
 session only below its settled end, the latest prompt's grid line (``SessionBook.settled_end``):
 an agent's next prompt mostly rewrites Qwen's output, so rows read past that line were mostly read
-again (26 % of the ration's chunks at 64 agents, ``benchmarks/concurrency.py``). With one request
+again (17 % of the ration's chunks at 64 agents, ``benchmarks/concurrency.py``). With one request
 running the output costs little and keeps fresh the turns whose prompt keeps it (one agent: 98.4
 % fresh against 97.7 %). The idle window, which costs the host nothing, reads everything.
 
