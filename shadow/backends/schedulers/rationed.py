@@ -30,8 +30,8 @@ With more than ``output_turns`` requests running (``RATION_OUTPUT_TURNS``, 1), a
 session only below its settled end, the latest prompt's grid line (``SessionBook.settled_end``):
 an agent's next prompt mostly rewrites Qwen's output, so rows read past that line were mostly read
 again (17 % of the ration's chunks at 64 agents, ``benchmarks/concurrency.py``). With one request
-running the output costs little and keeps fresh the turns whose prompt keeps it (one agent: 98.4
-% fresh against 97.7 %). The idle window, which costs the host nothing, reads everything.
+running the output costs little, and reading it keeps fresh the turns whose prompt keeps it. The
+idle window, which costs the host nothing, reads everything.
 
 Either way a slice is at most ``slice_s`` (150 ms), passes start only while their cost, estimated
 from the facade's one table of costs by batch size and depth, still fits, and the reader's work
