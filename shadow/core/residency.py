@@ -162,12 +162,17 @@ class Residency:
         """``(ids held, ids committed)``: ``position``'s two numbers without its copy of the rest
         (the host asks on every decode round). With ``settled``, the settled end in place of the ids
         held (``SessionBook.settled_end``)."""
+        held, end, committed = self.ends(session)
+        return end if settled else held, committed
+
+    def ends(self, session: str) -> tuple[int, int, int]:
+        """``(ids held, settled end, ids committed)`` in one look (the facade's after every feed)."""
         with self.lock:
             book = self._entry(session).book
             if book is not None:
-                return book.settled_end if settled else len(book.ids), book.committed
+                return len(book.ids), book.settled_end, book.committed
         p = self.position(session)
-        return p.settled if settled else p.length, p.committed
+        return p.length, p.settled, p.committed
 
     def session_ids(self, session: str) -> tuple[int, ...]:
         """Every id the session holds. A session parked by an earlier process keeps its ids in its

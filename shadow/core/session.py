@@ -83,10 +83,6 @@ class Position:
     def pending(self) -> int:
         return self.length - self.committed
 
-    @property
-    def settled_pending(self) -> int:
-        return max(0, self.settled - self.committed)
-
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> Position:
         """From ``SessionBook.meta()`` (as a parked file keeps it)."""
@@ -130,7 +126,7 @@ def checked_meta(raw: Any, grid: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"book is {type(raw).__name__}, not an object")
     want = {*SessionBook._META, "n_ids"}
-    meta: dict[str, Any] = {**SessionBook._SINCE_F, **raw}  # parked before these fields: as a book never given them
+    meta: dict[str, Any] = {**SessionBook._ADDED_LATER, **raw}  # parked before these fields: as a book never given them
     if set(meta) != want:
         raise ValueError(f"book fields differ: missing {sorted(want - set(meta))}, unknown {sorted(set(meta) - want)}")
     if meta["grid"] != grid or type(meta["grid"]) is not int:
@@ -189,7 +185,7 @@ class SessionBook:
 
     _META: ClassVar[tuple[str, ...]] = ("grid", "committed", "checkpoints", "wanted", "turns", "rollbacks",
                                         "reread", "last_used", "prompt_lines", "prompt_len", "outputs_kept")
-    _SINCE_F: ClassVar[dict[str, Any]] = {"prompt_len": 0, "outputs_kept": [0, 0]}  # fields added later
+    _ADDED_LATER: ClassVar[dict[str, Any]] = {"prompt_len": 0, "outputs_kept": [0, 0]}  # fields added later
 
     # What a held id costs the host: its 4 bytes in the int32 array (no int object). The GB cap
     # counts it, so that the ids of long or many dropped sessions cannot grow unseen.
@@ -215,7 +211,7 @@ class SessionBook:
     def from_meta(cls, meta: dict[str, Any], ids: Sequence[int]) -> SessionBook:
         book = cls(grid=int(meta["grid"]), ids=int32_ids(ids))
         for k in cls._META[1:]:
-            v = meta.get(k, cls._SINCE_F.get(k))
+            v = meta.get(k, cls._ADDED_LATER.get(k))
             setattr(book, k, list(v) if isinstance(v, list) else v)  # never the defaults' own list
         return book
 
@@ -258,7 +254,7 @@ class SessionBook:
                 self.reread += rollback.reread
             self.wanted = [w for w in self.wanted if w <= cut]
         if len(self.ids) > self.prompt_len > 0:  # the turn before had output: did this prompt keep it?
-            self.outputs_kept[cut < len(self.ids)] += 1
+            self.outputs_kept[0 if cut >= len(self.ids) else 1] += 1
         self.ids = new
         self.prompt_len = len(new)
         self.turns += 1

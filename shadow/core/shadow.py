@@ -299,8 +299,7 @@ class Shadow:
 
     def _mark(self, name: str) -> None:
         """Keep ``_ready`` true for ``name`` after its ids or its reading changed."""
-        held, committed = self.residency.counts(name)
-        end, _ = self.residency.counts(name, settled=True)
+        held, end, committed = self.residency.ends(name)
         for settled, pending in ((False, held - committed), (True, end - committed)):
             (self._ready[settled].add if pending >= self.grid else self._ready[settled].discard)(name)
         self._changes += 1
