@@ -16,9 +16,11 @@ shadow causes push the agents later.
 
 Chunk costs come from the newest ``read_rate`` result (``--rate-file`` names one): rows of figure
 ``batch_chunk`` (``ours_ms`` per 512 ids by ``batch`` and ``depth``) give a pass of B sessions the
-sum of its chunks at batch B (B between two measured sizes: interpolated; the largest measured
-size is the reader's ``max_batch``). Without them, the single-session rows (figure ``chunk``) with
-``max_batch`` 1, and the output says so. Figures simulated from those costs, not GPU measurements.
+sum of its chunks at batch B; a B not measured is priced as the reader reads it (``pass_plan``: in
+the next captured size up with one slot empty, a placeholder at depth 0, or in passes of the
+captured sizes, the largest first); the largest measured size is the reader's ``max_batch``.
+Without them, the single-session rows (figure ``chunk``) with ``max_batch`` 1, and the output says
+so. Figures simulated from those costs, not GPU measurements.
 
 Policies: ``turn:S`` is the first design (``RATION_SCOPE=turn``: S % of each turn's time since
 its first token, on its own session); ``device:S`` is one ration for the device (S % of the time
@@ -53,6 +55,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from shadow.core.costs import PAD_SLOTS, pass_plan
 
 from .common import keep_newest, pyplot
 from .freshness import CostModel, commit, from_rate_file
@@ -104,6 +108,14 @@ class PassCosts:
     # the worst ratio of the read_rate file's ``span_chunk`` rows to its ``batch_chunk`` rows
     span_ratio: dict[int, float] = field(default_factory=dict)
     grid: int = 512
+    # Batch sizes read in one pass of their own (captured), B = 3 measured as the reader runs it
+    # (a pass of 4, one slot empty) is not one; () for every measured size.
+    captured: tuple[int, ...] = ()
+    # How a pass of an unmeasured B reaches the device, as the reader runs it: in passes of the
+    # captured sizes, planned by ``shadow.core.costs.pass_plan`` with this many empty slots at most
+    # (0: the largest size first, then the rest); None: B between two measured sizes interpolated,
+    # a what-if (every size captured), how this replay priced passes before 2026-12-06
+    pad: int | None = PAD_SLOTS
 
     @property
     def max_batch(self) -> int:
@@ -121,7 +133,14 @@ class PassCosts:
         return a + (b - a) * (batch - lo) / (hi - lo)
 
     def __call__(self, rows: Sequence[int]) -> float:
-        return sum(self.per_chunk(len(rows), r) for r in rows)
+        if self.pad is None or len(rows) in self.by_batch:  # a measured size: what the reader took for it
+            return sum(self.per_chunk(len(rows), r) for r in rows)
+        cost, at = 0.0, 0
+        for size, real in pass_plan(len(rows), self.captured or tuple(self.by_batch), self.pad):
+            # an empty slot reads a placeholder chunk at depth 0
+            cost += sum(self.per_chunk(size, r) for r in rows[at:at + real]) + (size - real) * self.per_chunk(size, 0)
+            at += real
+        return cost
 
     def span(self, chunks: int, row: int) -> float:
         """A span of ``chunks`` chunks of one session from ``row``: a pass of as many sessions at
@@ -164,10 +183,13 @@ def pass_costs(path: Path, model: str | None = None) -> PassCosts:
     rows = [r for r in d.get("rows", []) if r.get("figure") == "batch_chunk"
             and (model is None or r.get("model", model) == model)]
     by_batch: dict[int, CostModel] = {1: single}
+    captured = {1}
     for b in sorted({int(r["batch"]) for r in rows}):
         mine = sorted((r for r in rows if int(r["batch"]) == b), key=lambda r: int(r["depth"]))
         depths, ms = tuple(int(r["depth"]) for r in mine), tuple(float(r["ours_ms"]) for r in mine)
         by_batch[b] = CostModel(f"B={b}", ms[0], path.name, depths, ms)
+        if all(r.get("passes", [[b, b]]) == [[b, b]] for r in mine):  # files before 2026-12-06: one pass each
+            captured.add(b)
     ratio: dict[int, list[float]] = {}
     for r in d.get("rows", []):
         if r.get("figure") == "span_chunk" and int(r["span"]) in by_batch and (model is None or
@@ -183,7 +205,8 @@ def pass_costs(path: Path, model: str | None = None) -> PassCosts:
                "max_batch 1")
     if span_ratio:
         src += f"; span_chunk rows, spans {', '.join(f'{k} (x{v:.3f})' for k, v in span_ratio.items())}"
-    return PassCosts(by_batch, src, span_ratio)
+    src += f"; other sizes as the reader reads them in passes of {', '.join(map(str, sorted(captured)))}"
+    return PassCosts(by_batch, src, span_ratio, captured=tuple(sorted(captured)))
 
 
 # ---- the replay ----------------------------------------------------------------------------------

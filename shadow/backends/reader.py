@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Concatenate, Literal, ParamSpec, TypeVar
 
 import torch
 
+from shadow.core.costs import pass_plan
 from shadow.core.session import SessionBook
 
 from .qwen35 import ModelState, Qwen35
@@ -207,9 +208,10 @@ class TorchReader:
     def read_chunks(self, batch: Sequence[tuple[SessionBook, SessionTensors]]) -> float:
         """Commit the next whole chunk of each (book, tensors), each at its own depth; returns the
         measured cost of the whole call in seconds (device synchronised). Each session ends in the
-        bits ``read_chunk`` on it alone gives, whatever it is batched with. More sessions than one
-        pass takes are read in several passes, the largest usable batch sizes first. Checkpoints
-        are taken as ``read_chunk`` takes them."""
+        bits ``read_chunk`` on it alone gives, whatever it is batched with. A number of sessions
+        the fast path did not capture is read as ``pass_plan`` says: in the next usable size up
+        with an empty slot, or in several passes, the largest usable sizes first. Checkpoints are
+        taken as ``read_chunk`` takes them."""
         if not batch:
             return 0.0
         if len({id(tensors) for _, tensors in batch}) != len(batch):
@@ -224,12 +226,10 @@ class TorchReader:
             chunks.append((long_ids(book.ids[start:start + self.grid]), tensors.state))
         t0 = self.timer()
         if self.fast is not None:
-            sizes = self.fast.usable
             at = 0
-            while at < len(chunks):
-                take = max(b for b in sizes if b <= len(chunks) - at)
-                self.fast.read_chunks(chunks[at:at + take])
-                at += take
+            for size, real in pass_plan(len(chunks), self.fast.usable):
+                self.fast.read_chunks(chunks[at:at + real], size if size > real else None)
+                at += real
         else:
             for ids, state in chunks:
                 self.model.forward(ids, state)

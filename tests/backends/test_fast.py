@@ -284,8 +284,9 @@ def test_device_decode_equals_the_token_by_token_loop(checkpoints):
 
 def test_batched_read_equals_each_session_read_alone(checkpoints):
     """A batch mixing a session just rolled back, a deep one and a new one reads each of them as
-    ``read_chunk`` reads it alone, bit for bit (tensors and checkpoints); sizes the path does not
-    take are split over those it does; a refused size is not used, and the report says why."""
+    ``read_chunk`` reads it alone, bit for bit (tensors and checkpoints); 3 sessions, a size the
+    path does not take, read in a pass of 4 with an empty slot, twice; a refused size is not used,
+    and the report says why."""
     from shadow.backends.reader import TorchReader
 
     from .batching import Followed, read_batch_and_compare
@@ -305,7 +306,17 @@ def test_batched_read_equals_each_session_read_alone(checkpoints):
     assert rolled.feed_prompt(reader, ids[:100] + ids[300:400])
     assert rolled.book.committed == 0 and rolled.book.pending >= 128
     new.feed_prompt(reader, ids[150:230])
-    read_batch_and_compare(reader, [rolled, deep, new], "rolled back, deep, new")  # one pass of 2, one of 1
+    passes: list[tuple[int, int | None]] = []
+    fast_read = reader.fast.read_chunks
+    reader.fast.read_chunks = lambda chunks, size=None: (passes.append((len(chunks), size)), fast_read(chunks, size))
+    read_batch_and_compare(reader, [rolled, deep, new], "rolled back, deep, new")
+    assert passes[-1] == (3, 4)  # one pass of 4, its last slot empty (``pass_plan``), not 2 then 1
+    (_, empty), = reader.fast.placeholders
+    assert empty.length == 0 and empty.capacity == reader.grid  # ready for the next, no KV growth
+    assert not new.feed_prompt(reader, ids[150:230] + ids[:64])
+    assert not deep.feed_prompt(reader, ids[200:400] + ids[:64])
+    read_batch_and_compare(reader, [new, rolled, deep], "again, on what the empty slot's state became")
+    del reader.fast.read_chunks
 
     reader.fast.refused[4] = "refused by the test"
     assert reader.max_batch == 2
@@ -349,7 +360,7 @@ def test_a_batch_size_that_differs_is_refused_logged_and_not_used(checkpoints, m
     a.feed_prompt(reader, list(range(1000, 1064)))
     b.feed_prompt(reader, list(range(2000, 2064)))
     passes = []
-    monkeypatch.setattr(reader.fast, "read_chunks", lambda chunks: passes.append(len(chunks)))
+    monkeypatch.setattr(reader.fast, "read_chunks", lambda chunks, size=None: passes.append(len(chunks)))
     reader.read_chunks([(a.book, a.tensors), (b.book, b.tensors)])
     assert passes == [1, 1]
 

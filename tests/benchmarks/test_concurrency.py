@@ -5,6 +5,7 @@ with and without batch rows."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,17 @@ def test_pass_costs_by_batch_and_depth_interpolate_and_fall_back_to_one_session(
     batched = pass_costs(rate_file(tmp_path, SINGLE + BATCH))
     assert batched.max_batch == 4 and "batch_chunk" in batched.source
     assert batched([0, 0]) == pytest.approx(2 * 0.002)
-    assert batched([0, 0, 0]) == pytest.approx(3 * 0.0015)  # between B = 2 and 4
     assert batched([0, 100_000, 0, 0]) == pytest.approx((3 * 1.0 + 5.0) / 1e3)
+    # B = 3, not captured: as the reader reads it, a pass of 4 whose empty slot reads at depth 0
+    assert batched([0, 100_000, 0]) == pytest.approx((2 * 1.0 + 5.0 + 1.0) / 1e3)
+    assert "in passes of 1, 2, 4" in batched.source
+    assert replace(batched, pad=0)([0, 0, 0]) == pytest.approx((2 * 2.0 + 3.0) / 1e3)  # 2, then 1
+    assert replace(batched, pad=None)([0, 0, 0]) == pytest.approx(3 * 0.0015)  # what if: interpolated
+    # B = 3 measured as the reader ran it (its ``passes``): that figure, and 3 is no captured size
+    three = [{"figure": "batch_chunk", "model": "0.8b", "batch": 3, "depth": d, "ours_ms": ms,
+              "passes": [[4, 3]]} for d, ms in ((0, 1.2), (100_000, 5.2))]
+    measured = pass_costs(rate_file(tmp_path, SINGLE + BATCH + three))
+    assert measured.captured == (1, 2, 4) and measured([0, 0, 0]) == pytest.approx(3 * 0.0012)
 
 
 def test_what_if_divides_the_shallowest_cost_and_what_depth_adds_apart(tmp_path: Path) -> None:

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from shadow.core.costs import ChunkCosts, fits
+from shadow.core.costs import ChunkCosts, fits, pass_plan
 from shadow.core.host import HostActivity
 from shadow.core.session import SessionBook
 from shadow.core.shadow import Shadow
@@ -195,6 +197,29 @@ def test_the_cost_table_falls_back_nearest_depth_then_one_session_each() -> None
     assert costs.as_dict() == {"1x0": 3.0, "1x50000": 5.0, "4x0": 1.0}
     with pytest.raises(ValueError):
         costs.record([], 0.1)
+
+
+def test_a_batch_of_an_uncaptured_size_fills_the_next_size_up_only_past_one_empty_slot() -> None:
+    sizes = (1, 2, 4, 8, 16)
+    assert pass_plan(3, sizes) == [(4, 3)]  # one pass of 4, not 2 then 1
+    assert pass_plan(6, sizes) == [(4, 4), (2, 2)]  # two slots empty would cost more than a pass of 2
+    assert pass_plan(11, sizes) == [(8, 8), (4, 3)]
+    assert pass_plan(3, sizes, pad=0) == [(2, 2), (1, 1)]  # the reader before: the largest size first
+    assert pass_plan(0, sizes) == [] and pass_plan(20, sizes) == [(16, 16), (4, 4)]
+    assert pass_plan(3, (1, 2)) == [(2, 2), (1, 1)]  # 4 refused at warm-up: not taken
+    for bad in ((2, 4), ()):
+        with pytest.raises(ValueError, match="sizes must include 1"):
+            pass_plan(3, bad)
+
+
+@given(st.integers(0, 70), st.sets(st.integers(2, 32), max_size=5), st.integers(0, 3))
+def test_a_pass_plan_reads_every_session_once_in_captured_sizes(n: int, more: set[int], pad: int) -> None:
+    sizes = (1, *sorted(more))
+    plan = pass_plan(n, sizes, pad)
+    assert sum(real for _, real in plan) == n
+    assert all(size in sizes and 0 < real <= size for size, real in plan)
+    assert all(size == real for size, real in plan[:-1])  # only the last pass holds empty slots
+    assert all(size - real <= pad for size, real in plan)
 
 
 def test_decoding_time_counts_once_however_many_turns_decode_at_once() -> None:

@@ -142,6 +142,7 @@ class FastForward:
         self.capture_s = 0.0
         self.capture_bytes = 0
         self.check_s = 0.0
+        self.placeholders: list[tuple[torch.Tensor, ModelState]] = []  # a batch's empty slots (``slots``)
         self._fla: Any = None
         if self.device.type == "cuda":
             from . import gdn_fla
@@ -384,10 +385,13 @@ class FastForward:
         """Commit ``grid`` ids: the state moves on, exactly as a fresh prefill's chunk would."""
         self.read_chunks([(ids, state)])
 
-    def read_chunks(self, chunks: Sequence[tuple[torch.Tensor, ModelState]]) -> None:
+    def read_chunks(self, chunks: Sequence[tuple[torch.Tensor, ModelState]], size: int | None = None) -> None:
         """Commit ``grid`` ids to each state in one pass (a batch size this path takes), or ``k *
         grid`` ids to one state (a span of a size given at construction): each state moves on
-        exactly as if its chunks were read alone, one pass each."""
+        exactly as if its chunks were read alone, one pass each. ``size``: the batch size to read
+        them in, its slots past theirs empty (``slots.placeholders``)."""
+        empty = slots.placeholders(self, size - len(chunks)) if size else []
+        chunks = [*chunks, *empty]
         b = len(chunks)
         seg = chunks[0][0].shape[0] if chunks else 0
         if seg == self.grid and b not in self.batches:
@@ -412,6 +416,8 @@ class FastForward:
             if not sources:
                 slots.copy(self, state, slot, into_slot=False)
             state.length += seg
+        for _, state in empty:
+            state.length = 0
 
     def fork(self, ids: list[int], state: ModelState) -> Fork:
         """Start a fork above the committed rows: the state's conv and recurrent tensors are not

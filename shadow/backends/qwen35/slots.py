@@ -18,6 +18,8 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import torch
+
 from . import kernels
 from .staging import Rows, stacked
 from .state import ModelState
@@ -56,3 +58,18 @@ def copy(fast: FastForward, state: ModelState, slot: int, into_slot: bool) -> No
         pairs += [(fast.rec_all[i, slot], t) for i, t in enumerate(state.recurrent)]
     for static, own in pairs:
         (static if into_slot else own).copy_(own if into_slot else static)
+
+
+def placeholders(fast: FastForward, count: int) -> list[tuple[torch.Tensor, ModelState]]:
+    """``count`` chunks for a batch's empty slots (a pass of 3 sessions in the graph of 4): a state
+    with KV rows for one chunk at length 0 each, read from whatever it holds, zero ids. Each session
+    of a batch gets its own bits whatever the others are (``graphs``), so what they compute is
+    nobody's and changes no one's; the caller puts their length back to 0. Made once, kept."""
+    held, cfg = fast.placeholders, fast.cfg
+    while len(held) < count:
+        state = ModelState.empty(cfg, fast.device, fast.model.dtype)
+        shape = (fast.grid, cfg.num_key_value_heads, cfg.head_dim)
+        state.k = [torch.zeros(shape, device=fast.device, dtype=fast.model.dtype) for _ in state.k]
+        state.v = [torch.zeros(shape, device=fast.device, dtype=fast.model.dtype) for _ in state.v]
+        held.append((torch.zeros(fast.grid, dtype=torch.long, device=fast.device), state))
+    return held[:count]
