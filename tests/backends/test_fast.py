@@ -311,7 +311,7 @@ def test_batched_read_equals_each_session_read_alone(checkpoints):
     reader.fast.read_chunks = lambda chunks, size=None: (passes.append((len(chunks), size)), fast_read(chunks, size))
     read_batch_and_compare(reader, [rolled, deep, new], "rolled back, deep, new")
     assert passes[-1] == (3, 4)  # one pass of 4, its last slot empty (``pass_plan``), not 2 then 1
-    (_, empty), = reader.fast.placeholders
+    empty, = reader.fast.placeholders
     assert empty.length == 0 and empty.capacity == reader.grid  # ready for the next, no KV growth
     assert not new.feed_prompt(reader, ids[150:230] + ids[:64])
     assert not deep.feed_prompt(reader, ids[200:400] + ids[:64])

@@ -142,7 +142,7 @@ class FastForward:
         self.capture_s = 0.0
         self.capture_bytes = 0
         self.check_s = 0.0
-        self.placeholders: list[tuple[torch.Tensor, ModelState]] = []  # a batch's empty slots (``slots``)
+        self.placeholders: list[ModelState] = []  # a batch's empty slots (``slots.placeholders``)
         self._fla: Any = None
         if self.device.type == "cuda":
             from . import gdn_fla
@@ -391,7 +391,7 @@ class FastForward:
         exactly as if its chunks were read alone, one pass each. ``size``: the batch size to read
         them in, its slots past theirs empty (``slots.placeholders``)."""
         empty = slots.placeholders(self, size - len(chunks)) if size else []
-        chunks = [*chunks, *empty]
+        chunks = [*chunks, *((chunks[0][0].new_zeros(self.grid), state) for state in empty)]  # ids where theirs are
         b = len(chunks)
         seg = chunks[0][0].shape[0] if chunks else 0
         if seg == self.grid and b not in self.batches:
@@ -416,7 +416,7 @@ class FastForward:
             if not sources:
                 slots.copy(self, state, slot, into_slot=False)
             state.length += seg
-        for _, state in empty:
+        for state in empty:
             state.length = 0
 
     def fork(self, ids: list[int], state: ModelState) -> Fork:

@@ -197,7 +197,7 @@ def report(fast: FastForward) -> dict[str, Any]:
     slots = (fast.conv_all, fast.rec_all)
     slot_bytes = sum(t[:, 0].numel() * t.element_size() for t in slots)
     static = sum(t.numel() * t.element_size() for t in slots) + sum(r.nbytes() for r in fast.rows.values())
-    static += sum(s.nbytes() for _, s in fast.placeholders)  # a batch's empty slots, once one was read
+    static += sum(s.nbytes() for s in fast.placeholders)  # a batch's empty slots, once one was read
     merged = sum(t.numel() * t.element_size() for lw in fast.layers for t in (lw.w_in, lw.gate_up))
     out: dict[str, Any] = {
         "graphs": fast.use_graphs, "sizes": list(fast.sizes), "capture_s": fast.capture_s,

@@ -60,9 +60,9 @@ def copy(fast: FastForward, state: ModelState, slot: int, into_slot: bool) -> No
         (static if into_slot else own).copy_(own if into_slot else static)
 
 
-def placeholders(fast: FastForward, count: int) -> list[tuple[torch.Tensor, ModelState]]:
-    """``count`` chunks for a batch's empty slots (a pass of 3 sessions in the graph of 4): a state
-    with KV rows for one chunk at length 0 each, read from whatever it holds, zero ids. Each session
+def placeholders(fast: FastForward, count: int) -> list[ModelState]:
+    """``count`` states for a batch's empty slots (a pass of 3 sessions in the graph of 4), each with
+    KV rows for one chunk, at length 0, read on from whatever it holds (its ids zeros). Each session
     of a batch gets its own bits whatever the others are (``graphs``), so what they compute is
     nobody's and changes no one's; the caller puts their length back to 0. Made once, kept."""
     held, cfg = fast.placeholders, fast.cfg
@@ -71,5 +71,5 @@ def placeholders(fast: FastForward, count: int) -> list[tuple[torch.Tensor, Mode
         shape = (fast.grid, cfg.num_key_value_heads, cfg.head_dim)
         state.k = [torch.zeros(shape, device=fast.device, dtype=fast.model.dtype) for _ in state.k]
         state.v = [torch.zeros(shape, device=fast.device, dtype=fast.model.dtype) for _ in state.v]
-        held.append((torch.zeros(fast.grid, dtype=torch.long, device=fast.device), state))
+        held.append(state)
     return held[:count]
