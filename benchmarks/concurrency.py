@@ -399,7 +399,7 @@ def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     cols = ("agents", "policy", "fresh_share", "p90_behind", "device_share_pct", "mean_batch", "turns", "wall_s")
-    cols += ("what_if",) if any("what_if" in r for r in rows) else ()
+    cols += tuple(c for c in ("what_if", "pad") if any(c in r for r in rows))
     lines = [list(cols)] + [["-" if r.get(c) is None else str(r[c]) for c in cols] for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(cols))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
@@ -410,10 +410,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> bool:
     if plt is None:
         return False
     fig, (fresh, share) = plt.subplots(1, 2, figsize=(10, 4))
-    for policy, what_if in dict.fromkeys((r["policy"], r.get("what_if")) for r in rows):
-        mine = [r for r in rows if r["policy"] == policy and r.get("what_if") == what_if]
+    def variant(r: dict[str, Any]) -> str | None:
+        return f"if {r['what_if']}" if "what_if" in r else f"pad {r['pad']}" if "pad" in r else None
+
+    for policy, what_if in dict.fromkeys((r["policy"], variant(r)) for r in rows):
+        mine = [r for r in rows if r["policy"] == policy and variant(r) == what_if]
         xs = [r["agents"] for r in mine]
-        label = policy if what_if is None else f"{policy} if {what_if}"
+        label = policy if what_if is None else f"{policy} {what_if}"
         fresh.plot(xs, [100 * (r["fresh_share"] or 0) for r in mine], marker="o", label=label)
         share.plot(xs, [r["device_share_pct"] for r in mine], marker="o", label=label)
     for ax, label in ((fresh, "fresh at turn start, %"), (share, "device share while decoding, %")):
@@ -457,7 +460,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--faster", nargs="*", default=[],
                     help="what if (not measured): base=Y,depth=X divides the shallowest chunk cost by Y and\n"
                          "what depth adds by X; one replay set per value")
+    ap.add_argument("--pad", nargs="*", default=[],
+                    help="how a pass of a size not captured is priced: N (at most N empty slots, then split;\n"
+                         f"the reader's is {PAD_SLOTS}) or none (interpolated, as if every size were captured);\n"
+                         "one replay set per value")
     args = ap.parse_args(argv)
+    if args.pad and args.faster:
+        raise SystemExit("--pad and --faster each make their own replay sets: give one of them")
+    try:
+        pads = [None if v == "none" else int(v) for v in args.pad]
+    except ValueError:
+        raise SystemExit(f"--pad takes whole numbers of empty slots or none, got {args.pad}") from None
     at = commit()
     if not args.raw.is_dir():
         raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo")
@@ -479,14 +492,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     keep_newest(args.out, (".png",))  # the run before goes to history/ first: this one writes as it goes
-    variants = [(text, faster(costs, text)) for text in args.faster] or [(None, costs)]
+    variants = [({"what_if": text}, faster(costs, text)) for text in args.faster]
+    variants += [({"pad": "none" if pad is None else pad}, replace(costs, pad=pad)) for pad in pads]
     if args.faster:
         doc["note"] = NOTE + "; what if: each row's costs are the measured ones made faster as its what_if says"
-    for what_if, priced in variants:
+    if pads:
+        doc["note"] = NOTE + ("; each row's pad: how its passes of sizes the reader did not capture were priced "
+                              "(``PassCosts.pad``)")
+    for extra, priced in variants or [({}, costs)]:
         for n in args.agents:
             for text in args.policies:
                 run = replay(sessions, parse_policy(text), priced, Knobs2(n, args.minutes, seed=args.seed))
-                doc["rows"].append(run.row(512) | ({} if what_if is None else {"what_if": what_if}))
+                doc["rows"].append(run.row(512) | extra)
                 print(table(doc["rows"][-1:]).splitlines()[-1], file=sys.stderr, flush=True)
                 args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")  # a long run keeps what it has
     rows = doc["rows"]

@@ -113,3 +113,15 @@ def test_reading_only_settled_ids_leaves_less_to_read_again(shared_data: Path, t
     assert (every["policy"], settled["policy"]) == ("device:8:out1000", "device:8:out0")
     assert every["ids_reread"] > settled["ids_reread"]
     assert settled["ration_chunks"] < every["ration_chunks"]
+
+
+def test_pad_replays_one_set_per_way_of_pricing_uncaptured_sizes(shared_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "concurrency.json"
+    args = ["--raw", str(shared_data / "sessions" / "raw"), "--only", "openhands-examples", "--agents", "3",
+            "--policies", "device:8", "--minutes", "2", "--rate-file", str(rate_file(tmp_path, SINGLE + BATCH)),
+            "--out", str(out), "--no-plot"]
+    assert main([*args, "--pad", "0", "none"]) == 0
+    assert [r["pad"] for r in json.loads(out.read_text())["rows"]] == [0, "none"]
+    for bad in (["--pad", "two"], ["--pad", "1", "--faster", "base=2"]):
+        with pytest.raises(SystemExit):
+            main([*args, *bad])
