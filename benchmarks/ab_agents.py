@@ -68,7 +68,7 @@ class BatchDecoder:
                                dtype=torch.float32)
         self.fresh = ModelState.empty(cfg, dev, dt)  # a new sequence's conv and recurrent state (read only)
         self.lengths = [0] * agents
-        self.rows = Rows.make(agents, 1, cfg.num_attention_heads, hd, dev, dt)
+        self.rows = Rows.make(agents, 1, torch.zeros(agents, cfg.num_attention_heads, hd, device=dev, dtype=dt), dev)
         if self.fast._chunked(agents):
             self.rows.solve = torch.zeros(1, agents, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=dev,
                                           dtype=dt)

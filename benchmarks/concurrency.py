@@ -197,6 +197,13 @@ def pass_costs(path: Path, model: str | None = None) -> PassCosts:
             k, depth = int(r["span"]), int(r["depth"]) or 1024  # the 0-2k batch group's mean depth
             ratio.setdefault(k, []).append(float(r["ours_ms"]) / (by_batch[k](depth) * 1e3))
     span_ratio = {k: max(v) for k, v in sorted(ratio.items())}
+    # the sizes the reader captured and its warm-up check let through, where the file says (since
+    # every size up to 16 is captured, most are not measured: priced between the measured ones)
+    name = model or (rows[0].get("model") if rows else None)
+    batch_run = (d.get("startup", {}).get(name) or {}).get("batch", {}) if name else {}
+    reported = (batch_run.get("fast_report") or {}).get("batches", {})
+    if reported:
+        captured = {int(b) for b, why in reported.items() if why == "ok"}
     if len(by_batch) > 1:
         src = (f"{path.name} at {d.get('commit', '?')} on {d.get('gpu', d.get('device', '?'))}: batch_chunk rows, "
                f"B = {', '.join(map(str, sorted(by_batch)))}")

@@ -1,6 +1,7 @@
 """The batch part of ``read_rate``: ms per 512 ids when B sessions read their next chunk in one
-``read_chunks`` pass (``figure: "batch_chunk"``), at B = 1, 2, 4, 8, 16 (the captured sizes) and 3
-and 6 (read as the reader plans them: ``passes``) and at three depth groups:
+``read_chunks`` pass (``figure: "batch_chunk"``), at B = 1, 2, 3, 4, 6, 8, 12, 16 (the reader
+captures every size up to 16; a size it does not take is read as it plans it: ``passes``) and at
+three depth groups:
 0-2k (session b at 1024, 0, 2048, 512, 1536, ... ids: mixed depths in one batch), 32k and 100k;
 the attention kernel's rate at 32k and 100k (512 rows); and, on the same path in the same run, the
 exactness of batched reads: 16 sessions at mixed depths read in one batch equal each session read
@@ -40,9 +41,8 @@ SPREAD = (1024, 0, 2048, 512, 1536)  # the 0-2k group: session b at SPREAD[b % 5
 
 @dataclass(frozen=True)
 class BatchPlan:
-    # 3 and 6 are not captured: the reader reads them in a pass of 4 with an empty slot, and in
-    # passes of 4 and 2 (``pass_plan``); their rows price those passes for ``concurrency.py``
-    sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 16)
+    # ``concurrency.py`` prices the sizes between these between them
+    sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
     depths: tuple[int, ...] = (0, 32768, 100352)  # 0 is the 0-2k group
     repeats: int = 5
     exact_sessions: int = 16

@@ -35,7 +35,7 @@ SESSIONS = (
     "claude-code-moredip-session-share/4b2030ed-5563-49ea-b703-6a002f2d3cc8.jsonl",
 )
 MAX_IDS = 24_000  # each session's turns up to this many ids: 8 sessions, ~350 chunks, mixed depths to 24k
-BATCHES = (8, 3, 5, 2, 7, 1, 4, 6, 16)  # asked for in turn: 3 and 7 fill a pass of 4 and 8, 5 and 6 split
+BATCHES = (8, 3, 5, 2, 7, 1, 4, 6, 16, 12)  # asked for in turn: every size is a captured pass of its own
 
 
 def _digest(state: dict[str, torch.Tensor]) -> str:

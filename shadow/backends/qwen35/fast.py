@@ -83,8 +83,11 @@ from .state import ModelState
 # Fork pass sizes below the grid (the grid itself is one too): above 64 rows a question pads by at
 # most a quarter.
 FORK_SIZES = (1, 8, 32, 64, 128, 192, 256, 320, 384, 448)
-# Sessions one read pass may take, each size captured on CUDA (off CUDA, eager, the first three).
-BATCHES = (1, 2, 4, 8, 16)
+# Sessions one read pass may take, each size captured on CUDA: every size, so that no pass reads an
+# empty slot (3 sessions in a pass of 2 and one of 1, or of 4 with a placeholder, cost 4-10 % more at
+# 0-2k: ``benchmarks/results/concurrency_pad.json``). Off CUDA (eager) three sizes.
+BATCHES = tuple(range(1, 17))
+EAGER_BATCHES = (1, 2, 4)
 
 
 class FastForward:
@@ -115,7 +118,7 @@ class FastForward:
         # are all the state it leaves, so the read stops before its attention and MLP.
         self.read_stops_early = isinstance(self.layers[-1], FullW)
         if batches is None:
-            batches = BATCHES if self.device.type == "cuda" else BATCHES[:3]
+            batches = BATCHES if self.device.type == "cuda" else EAGER_BATCHES
         if 1 not in batches or any(b < 1 for b in batches):
             raise ValueError(f"batch sizes must be positive and include 1, got {list(batches)}")
         self.batches = tuple(sorted(set(batches)))
@@ -143,6 +146,7 @@ class FastForward:
         self.capture_bytes = 0
         self.check_s = 0.0
         self.placeholders: list[ModelState] = []  # a batch's empty slots (``slots.placeholders``)
+        self.scratch: dict[str, torch.Tensor] = {}  # buffers every row count shares (``_shared``)
         self._fla: Any = None
         if self.device.type == "cuda":
             from . import gdn_fla
@@ -193,12 +197,22 @@ class FastForward:
         if rows is None:
             cfg = self.cfg
             table = (self.n_attn, n // self.grid, attention.TABLE_FIELDS) if read else ()
-            rows = Rows.make(n, seg, cfg.num_attention_heads, cfg.head_dim, self.device, self.model.dtype, table)
-            if self._chunked(n):
-                rows.solve = torch.zeros(1, n, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=self.device,
-                                         dtype=self.model.dtype)
+            attn = self._shared("attn", n * cfg.num_attention_heads * cfg.head_dim).view(n, -1, cfg.head_dim)
+            rows = Rows.make(n, seg, attn, self.device, table)
+            if self._chunked(n):  # the solve writes the same blocks of a row at any row count
+                rows.solve = self._shared("solve", n * cfg.linear_num_value_heads * kernels.FLA_CHUNK).view(
+                    1, n, -1, kernels.FLA_CHUNK)
             self.rows[(n, seg, read)] = rows
         return rows
+
+    def _shared(self, kind: str, numel: int) -> torch.Tensor:
+        """The first ``numel`` elements of one zeroed buffer of ``kind`` every row count shares (one
+        pass runs at a time), made anew when a row count needs more. Apart, the 0.8B's 20 read shapes
+        would hold 0.5 GB of them (4 KB of attention output and 2 KB of solve a row)."""
+        held = self.scratch.get(kind)
+        if held is None or held.numel() < numel:
+            held = self.scratch[kind] = torch.zeros(numel, device=self.device, dtype=self.model.dtype)
+        return held[:numel]
 
     # ---- the pieces ----------------------------------------------------------------------------
 
@@ -322,7 +336,7 @@ class FastForward:
         first and last launches moving the states at ``sources`` (``slots.sources``; none staged:
         they moved apart) into their slots and back."""
         if not self.table_reads:
-            self._pass(ids, states, seg, logits=False, seg=seg)
+            piecewise.run(self, ids, states, seg, logits=False, seg=seg)
             return
         r = self._rows_for(ids.shape[0], seg, read=True)
         if len(states) != r.sessions:
@@ -352,32 +366,6 @@ class FastForward:
         if not self.read_stops_early:
             self._piece(r, self.n_attn)
         slots.move(self, r, into=False)
-
-    def _pass(self, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool,
-              seg: int | None = None) -> torch.Tensor | None:
-        """One forward of ``ids`` (a captured row count: one session's, or ``seg`` rows, ``grid`` by
-        default, for each of ``states``, the first ``real`` of each session's rows real) at each
-        state's length, on the static conv and recurrent slots. Returns logits of the last real row
-        if asked (one session)."""
-        r = self._rows_for(ids.shape[0], seg)
-        if len(states) != r.sessions:
-            raise ValueError(f"{r.n} rows are {r.sessions} sessions' passes, got {len(states)} sessions")
-        starts = [s.length for s in states]
-        for s in states:
-            s.reserve(s.length + r.seg)
-        r.stage(ids, starts, real)
-        stop_early = not logits and self.read_stops_early
-        for j in range(self.n_attn):
-            self._run(r, j)
-            piecewise.attend(self, r, states, j, starts, compute=not (stop_early and j == self.n_attn - 1))
-        if stop_early:
-            return None
-        self._run(r, self.n_attn)
-        if not logits:
-            return None
-        self._run(r, self.n_attn + 1)
-        assert r.logits is not None
-        return r.logits
 
     # ---- what the reader calls -------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from . import piecewise
 from .state import ModelState
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class Fork:
             size = fast._size_for(take)
             piece = ids[pos:pos + take] + [0] * (size - take)  # padding: any valid id, masked out
             batch = torch.tensor(piece, dtype=torch.long)
-            self.logits = fast._pass(batch, [state], take, logits=pos + take == len(ids))
+            self.logits = piecewise.run(fast, batch, [state], take, logits=pos + take == len(ids))
             state.length += take
             pos += take
         return self
@@ -55,7 +56,8 @@ class Fork:
                 queued.clear()
                 if len(out) == max_new:
                     return out
-            self.logits = fast._pass(queued[-1] if queued else torch.tensor([out[-1]]), [state], 1, logits=True)
+            step = queued[-1] if queued else torch.tensor([out[-1]])
+            self.logits = piecewise.run(fast, step, [state], 1, logits=True)
             state.length += 1
         return out
 

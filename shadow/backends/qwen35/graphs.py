@@ -79,7 +79,11 @@ def capture(fast: FastForward) -> None:
 def _capture_whole(fast: FastForward, r: Any, stream: Any) -> None:
     """A read's pass as one graph. Its first run (which compiles the kernels and settles the
     allocator) needs a table that points somewhere: each entry gets grid rows of one scratch
-    buffer, dropped after the capture (a replay reads the table staged for it)."""
+    buffer, dropped after the capture (a replay reads the table staged for it). What the graph
+    computes in passing (the stream, q, k, v) is dropped after it too, so that the next (smaller)
+    capture reuses that memory of the pool: the graphs never run at once and none reads another's
+    work, which is what sharing a pool asks (pytorch/pytorch#166975; vLLM captures its batch sizes
+    so)."""
     dev, cfg, entries = fast.device, fast.cfg, r.table_shape[1]
     scratch = torch.zeros(2, entries * fast.grid, cfg.num_key_value_heads, cfg.head_dim, device=dev,
                           dtype=fast.model.dtype)
@@ -96,6 +100,8 @@ def _capture_whole(fast: FastForward, r: Any, stream: Any) -> None:
         fast._read_eager(r)
     torch.cuda.synchronize(dev)
     r.whole = g
+    r.h = r.delta = r.proj = None
+    r.qkv.clear()
 
 
 def clone_state(s: ModelState) -> ModelState:
@@ -197,6 +203,7 @@ def report(fast: FastForward) -> dict[str, Any]:
     slots = (fast.conv_all, fast.rec_all)
     slot_bytes = sum(t[:, 0].numel() * t.element_size() for t in slots)
     static = sum(t.numel() * t.element_size() for t in slots) + sum(r.nbytes() for r in fast.rows.values())
+    static += sum(t.numel() * t.element_size() for t in fast.scratch.values())
     static += sum(s.nbytes() for s in fast.placeholders)  # a batch's empty slots, once one was read
     merged = sum(t.numel() * t.element_size() for lw in fast.layers for t in (lw.w_in, lw.gate_up))
     out: dict[str, Any] = {

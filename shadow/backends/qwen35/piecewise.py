@@ -1,5 +1,5 @@
-"""Attention between two captured pieces, eagerly: a fork's passes (questions, decode), and every
-read where our kernel does not serve the grid (then a read runs piecewise too).
+"""A pass as captured pieces with attention run eagerly between them: a fork's passes (questions,
+decode), and every read where our kernel does not serve the grid (then a read runs piecewise too).
 
 Each session's K and V rows are written into its own buffers, and each chunk attends over its own
 session's rows in a call of its own, so that its split rule sees that chunk's depth alone. Passes
@@ -21,6 +21,33 @@ from .state import ModelState
 
 if TYPE_CHECKING:
     from .fast import FastForward
+
+
+def run(fast: FastForward, ids: torch.Tensor, states: Sequence[ModelState], real: int, logits: bool,
+        seg: int | None = None) -> torch.Tensor | None:
+    """One forward of ``ids`` (a captured row count: one session's, or ``seg`` rows, ``grid`` by
+    default, for each of ``states``, the first ``real`` of each session's rows real) at each
+    state's length, on the static conv and recurrent slots. Returns logits of the last real row
+    if asked (one session)."""
+    r = fast._rows_for(ids.shape[0], seg)
+    if len(states) != r.sessions:
+        raise ValueError(f"{r.n} rows are {r.sessions} sessions' passes, got {len(states)} sessions")
+    starts = [s.length for s in states]
+    for s in states:
+        s.reserve(s.length + r.seg)
+    r.stage(ids, starts, real)
+    stop_early = not logits and fast.read_stops_early
+    for j in range(fast.n_attn):
+        fast._run(r, j)
+        attend(fast, r, states, j, starts, compute=not (stop_early and j == fast.n_attn - 1))
+    if stop_early:
+        return None
+    fast._run(r, fast.n_attn)
+    if not logits:
+        return None
+    fast._run(r, fast.n_attn + 1)
+    assert r.logits is not None
+    return r.logits
 
 
 def attend(fast: FastForward, r: Rows, states: Sequence[ModelState], i: int, starts: Sequence[int],

@@ -56,7 +56,7 @@ class Rows:
     whole: Any = None  # a read's pass captured as one graph
 
     @classmethod
-    def make(cls, n: int, seg: int, heads: int, head_dim: int, device: torch.device, dtype: torch.dtype,
+    def make(cls, n: int, seg: int, attn: torch.Tensor, device: torch.device,
              table_shape: tuple[int, ...] = ()) -> Rows:
         sessions = n // seg
         table = 1
@@ -64,7 +64,7 @@ class Rows:
             table *= size
         size = n + sessions + 1 + (table if table_shape else 0) + 2 * sessions
         rows = cls(n=n, seg=seg, io=torch.zeros(size, dtype=torch.long, device=device),
-                   attn=torch.zeros(n, heads, head_dim, device=device, dtype=dtype), table_shape=table_shape)
+                   attn=attn, table_shape=table_shape)
         if device.type == "cuda":
             rows.staging = [torch.empty(rows.io.shape[0], dtype=torch.long, pin_memory=True)
                             for _ in range(STAGING_SLOTS)]
@@ -101,7 +101,8 @@ class Rows:
         return self.io[self._table_end:].view(2, self.sessions)
 
     def nbytes(self) -> int:
-        return self.io.numel() * 8 + self.attn.numel() * self.attn.element_size()
+        """Its own bytes (``attn`` and ``solve`` are views of buffers the row counts share)."""
+        return self.io.numel() * 8
 
     def stage(self, ids: torch.Tensor, starts: Sequence[int], valid: int, table: Sequence[int] = (),
               sources: Sequence[int] = ()) -> None:
