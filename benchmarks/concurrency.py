@@ -33,6 +33,8 @@ last). Per (agents, policy):
   (what the shadow costs the host's decode; the idle window reads when nothing runs).
 - ``ids_reread``: committed ids that the prompts' rollbacks sent back to be read again (rows read
   past what the next prompt kept: mostly Qwen's output, which agents' templates re-render).
+- ``cost_by_pass_pct``, ``cost_by_depth_pct``: every pass's cost (ration and idle window) split by
+  the pass's shape (B sessions, or ``span k``) and by its deepest chunk's depth: where the share goes.
 
 Writes ``benchmarks/results/concurrency.json`` (``--out``) and a plot beside it (matplotlib optional).
 """
@@ -51,6 +53,7 @@ import sys
 import tempfile
 import time
 from array import array
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,6 +71,8 @@ RAW = REPO.parent / "shared" / "data" / "sessions" / "raw"
 RESULTS = REPO / "benchmarks" / "results"
 AGENTS = (1, 4, 16, 64, 128)
 POLICIES = ("turn:2", "device:2", "device:3", "device:4", "device:5")
+# (upper bound, name) of the depth groups a row's ``cost_by_depth_pct`` splits the passes' cost into
+DEPTH_BUCKETS = ((4096, "0-4k"), (16384, "4-16k"), (49152, "16-48k"), (102400, "48-100k"))
 NOTE = ("simulated: the service's schedulers on a simulated clock, N agents at once, with a reader that costs "
         "the read_rate file's time per pass; not a GPU measurement")
 
@@ -244,6 +249,19 @@ class Run:
     ids_reread: int = 0  # committed ids the prompts' rollbacks sent back to be read again
     sim_s: float = 0.0
     wall_s: float = 0.0
+    # every pass's cost (ration and idle window alike) by its shape and by its deepest chunk's depth:
+    # where the device share goes
+    cost_by_pass: Counter[str] = field(default_factory=Counter)
+    cost_by_depth: Counter[str] = field(default_factory=Counter)
+
+    def count_pass(self, batch: Sequence[tuple[Any, Any]], cost: float, grid: int) -> None:
+        self.passes += 1
+        self.batched_chunks += len(batch)
+        books = {id(book): book for book, _ in batch}
+        shape = str(len(batch)) if len(books) == len(batch) else f"span {len(batch)}"
+        deepest = max(book.committed for book in books.values()) - grid  # committed: after the pass
+        self.cost_by_pass[shape] += cost
+        self.cost_by_depth[next((name for top, name in DEPTH_BUCKETS if deepest < top), "100k+")] += cost
 
     def row(self, grid: int) -> dict[str, Any]:
         fresh = sum(b < grid for b in self.behind) / len(self.behind) if self.behind else None
@@ -256,7 +274,13 @@ class Run:
             "idle_s": round(self.idle_s, 3), "decoding_s": round(self.decoding_s, 1), "ids_reread": self.ids_reread,
             "mean_batch": round(self.batched_chunks / self.passes, 2) if self.passes else None,
             "simulated_s": round(self.sim_s, 1), "wall_s": round(self.wall_s, 1),
+            "cost_by_pass_pct": _shares(self.cost_by_pass), "cost_by_depth_pct": _shares(self.cost_by_depth),
         }
+
+
+def _shares(costs: Counter[str]) -> dict[str, float]:
+    total = sum(costs.values())
+    return {k: round(100 * v / total, 1) for k, v in sorted(costs.items(), key=lambda kv: -kv[1])} if total else {}
 
 
 def parse_policy(text: str) -> Policy:
@@ -299,9 +323,8 @@ def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k
     run = Run(k.agents, f"{policy.scope}:{policy.ration_pct:g}{':spans' if policy.spans else ''}{gather}"
                         f"{'' if policy.output_turns == 1 else f':out{policy.output_turns}'}")
 
-    def on_pass(batch: Sequence[Any], now: float) -> None:
-        run.passes += 1
-        run.batched_chunks += len(batch)
+    def on_pass(batch: Sequence[Any], now: float, cost: float) -> None:
+        run.count_pass(batch, cost, grid)
 
     reader.on_pass = on_pass
     end_s = 60.0 * k.minutes

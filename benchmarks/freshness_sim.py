@@ -89,7 +89,9 @@ class SimReader:
         self.spans = tuple(spans)
         self.span_cost = span_cost or (lambda k, row: self.pass_cost([row + i * grid for i in range(k)]))
         self.on_chunk: Callable[[int, float], None] = lambda committed, now: None
-        self.on_pass: Callable[[Sequence[tuple[SessionBook, Any]], float], None] = lambda batch, now: None
+        # each pass: its (book, tensors) (a span's session once a chunk), the clock after it, its cost
+        self.on_pass: Callable[[Sequence[tuple[SessionBook, Any]], float, float], None] = \
+            lambda batch, now, cost: None
 
     @property
     def vocab_size(self) -> int:
@@ -120,7 +122,7 @@ class SimReader:
         book.committed_chunk()
         self.checkpoint_if_due(book, tensors)
         self.on_chunk(book.committed, self.clock())
-        self.on_pass([(book, tensors)], self.clock())
+        self.on_pass([(book, tensors)], self.clock(), cost)
         return cost
 
     def read_chunks(self, batch: Sequence[tuple[SessionBook, Any]]) -> float:
@@ -131,7 +133,7 @@ class SimReader:
         for book, tensors in batch:
             book.committed_chunk()
             self.checkpoint_if_due(book, tensors)
-        self.on_pass(batch, self.clock())
+        self.on_pass(batch, self.clock(), cost)
         return cost
 
     def read_span(self, book: SessionBook, tensors: Any, chunks: int) -> float:
@@ -146,7 +148,7 @@ class SimReader:
             book.committed_chunk()
         self.checkpoint_if_due(book, tensors)
         self.on_chunk(book.committed, self.clock())
-        self.on_pass([(book, tensors)] * chunks, self.clock())
+        self.on_pass([(book, tensors)] * chunks, self.clock(), cost)
         return cost
 
     def checkpoint_if_due(self, book: SessionBook, tensors: Any) -> None:

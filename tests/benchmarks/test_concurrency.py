@@ -5,12 +5,12 @@ with and without batch rows."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from benchmarks.concurrency import faster, main, parse_policy, pass_costs
+from benchmarks.concurrency import Run, faster, main, parse_policy, pass_costs
 from benchmarks.freshness_sim import Policy
 
 SINGLE = [{"figure": "chunk", "model": "0.8b", "depth": 0, "ours_ms": 3.0},
@@ -71,13 +71,16 @@ def test_a_tiny_replay_writes_both_rations_rows(shared_data: Path, tmp_path: Pat
     for r in doc["rows"]:
         assert {"agents", "policy", "fresh_share", "p90_behind", "device_share_pct"} <= set(r)
         assert r["turns"] > 0 and 0.0 <= r["fresh_share"] <= 1.0 and r["ration_chunks"] > 0
+        for split in (r["cost_by_pass_pct"], r["cost_by_depth_pct"]):  # every pass's cost, split once
+            assert sum(split.values()) == pytest.approx(100.0, abs=0.5)
         if r["policy"].startswith("device"):  # one share for the device: 2 %, one slice carried, one pass
             assert r["device_share_pct"] <= 2.0 + 100 * (0.150 + 0.02) / r["decoding_s"]
     three = doc["rows"][3]
     if rows is not SINGLE:
         assert three["mean_batch"] > 1.0  # several sessions a pass
+        assert set(three["cost_by_pass_pct"]) - {"1"}
     else:
-        assert three["mean_batch"] == 1.0
+        assert three["mean_batch"] == 1.0 and set(three["cost_by_pass_pct"]) == {"1"}
 
 
 def test_a_what_if_replay_labels_its_rows_and_costs_less(shared_data: Path, tmp_path: Path) -> None:
@@ -125,3 +128,19 @@ def test_pad_replays_one_set_per_way_of_pricing_uncaptured_sizes(shared_data: Pa
     for bad in (["--pad", "two"], ["--pad", "1", "--faster", "base=2"]):
         with pytest.raises(SystemExit):
             main([*args, *bad])
+
+
+def test_a_pass_is_counted_by_its_shape_and_its_deepest_chunk() -> None:
+    @dataclass
+    class Book:
+        committed: int  # after the pass, as the reader leaves it
+
+    run = Run(agents=1, policy="device:2")
+    run.count_pass([(Book(1024), None), (Book(20_480), None)], 0.004, 512)  # deepest chunk at 19,968
+    span = Book(5120)
+    run.count_pass([(span, None)] * 4, 0.006, 512)  # one session's 4 chunks: a span, deepest at 4,608
+    run.count_pass([(Book(512), None)], 0.010, 512)
+    assert run.passes == 3 and run.batched_chunks == 7
+    row = run.row(512)
+    assert row["cost_by_pass_pct"] == {"1": 50.0, "span 4": 30.0, "2": 20.0}
+    assert row["cost_by_depth_pct"] == {"0-4k": 50.0, "4-16k": 30.0, "16-48k": 20.0}
