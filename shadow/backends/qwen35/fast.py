@@ -84,8 +84,9 @@ from .state import ModelState
 # most a quarter.
 FORK_SIZES = (1, 8, 32, 64, 128, 192, 256, 320, 384, 448)
 # Sessions one read pass may take, each size captured on CUDA: every size, so that no pass reads an
-# empty slot (3 sessions in a pass of 2 and one of 1, or of 4 with a placeholder, cost 4-10 % more at
-# 0-2k: ``benchmarks/results/concurrency_pad.json``). Off CUDA (eager) three sizes.
+# empty slot (on an H100, 3 sessions in a pass of 4 with a placeholder cost 19 % more than in a pass
+# of 3 at 0-2k and 8 % more at 100k: ``benchmarks/results/read_rate-h100.json`` against
+# ``history/read_rate-h100_6101664.json``). Off CUDA (eager) three sizes.
 BATCHES = tuple(range(1, 17))
 EAGER_BATCHES = (1, 2, 4)
 

@@ -61,8 +61,9 @@ def copy(fast: FastForward, state: ModelState, slot: int, into_slot: bool) -> No
 
 
 def placeholders(fast: FastForward, count: int) -> list[ModelState]:
-    """``count`` states for a batch's empty slots (a pass of 3 sessions in the graph of 4), each with
-    KV rows for one chunk, at length 0, read on from whatever it holds (its ids zeros). Each session
+    """``count`` states for a batch's empty slots (3 sessions in the graph of 4, where the warm-up
+    check refused 3), each with KV rows for one chunk, at length 0, read on from whatever it holds
+    (its ids zeros). Each session
     of a batch gets its own bits whatever the others are (``graphs``), so what they compute is
     nobody's and changes no one's; the caller puts their length back to 0. Made once, kept."""
     held, cfg = fast.placeholders, fast.cfg
