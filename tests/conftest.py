@@ -16,6 +16,13 @@ import shutil
 if not glob.glob("/dev/nvidia[0-9]*") and not shutil.which("nvidia-smi"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist each worker gets one core's worth of threads (and so do the processes the tests
+# start): torch's default of one OpenMP thread per core in every worker oversubscribes the CPU, and
+# the tiny model's many small parallel regions then wait on each other (the openhands replay of
+# tests/test_verify_real_sessions.py: 22 s alone, 216 s beside the compaction replay under -n 2).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import math
 import random
 import time
