@@ -9,7 +9,8 @@ accumulators, rounds each to bf16 (where the fast path stores them) and writes `
 the ``[rows, 2 I]`` intermediate never reaches memory.
 
 Per row count M (512 a session: B = 1, 3, 4, 6, 8, 16) and launch shape: device us a call (CUDA
-graph, ``device_ms_per_call``) of cuBLAS alone, cuBLAS + ``silu_mul`` and the fused kernel. Checks:
+graph, ``device_ms_per_call``) of cuBLAS alone, cuBLAS + ``silu_mul`` and the fused kernel, its
+tiles by pointer loads or through the copy engine (TMA, a shape's last field). Checks:
 the fused kernel's rows of one session alone ``torch.equal`` to the same rows inside every larger
 M (batch invariance, what a read's pass needs); its error and the shipped form's error against an
 fp32 reference, and the share of outputs where the two forms' bits agree (a new GEMM gives new
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from benchmarks.common import captured, device_ms_per_call, environment
 from shadow.backends.qwen35 import kernels
@@ -37,9 +39,12 @@ from shadow.backends.qwen35 import kernels
 DT = torch.bfloat16
 HIDDEN, INTER, CHUNK = 1024, 3584, 512
 MS = (512, 1536, 2048, 3072, 4096, 8192)
-# (BM, BN, BK, warps, stages): two accumulators of BM x BN a program
-SHAPES = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 4), (128, 64, 64, 8, 4),
-          (64, 128, 64, 4, 4), (256, 64, 64, 8, 3))
+# (BM, BN, BK, warps, stages, tma): two accumulators of BM x BN a program; tma: the tiles through the
+# copy engine (host-made descriptors) rather than pointer loads
+SHAPES = ((128, 128, 64, 8, 3, 0), (128, 128, 64, 8, 4, 0), (128, 64, 64, 4, 4, 0), (128, 64, 64, 8, 4, 0),
+          (64, 128, 64, 4, 4, 0), (256, 64, 64, 8, 3, 0),
+          (128, 128, 64, 8, 3, 1), (128, 128, 64, 8, 4, 1), (128, 64, 64, 4, 4, 1), (128, 64, 64, 8, 4, 1),
+          (64, 128, 64, 4, 4, 1))
 
 
 @triton.jit
@@ -75,12 +80,43 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, K, I, stride_x, stride_w, str
     tl.store(out, (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
+@triton.jit
+def _gate_up_silu_tma_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out,
+                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    pid = tl.program_id(0)
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(I, BN)
+    per_group = GROUP * n_n
+    first_m = (pid // per_group) * GROUP
+    size_m = tl.minimum(n_m - first_m, GROUP)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    m0, n0 = pid_m * BM, pid_n * BN
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = x_desc.load([m0, k])
+        acc_g = tl.dot(a, w_desc.load([n0, k]).T, acc_g)
+        acc_u = tl.dot(a, w_desc.load([I + n0, k]).T, acc_u)
+    g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)
+    u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
+    rm = m0 + tl.arange(0, BM)
+    rn = n0 + tl.arange(0, BN)
+    tl.store(out_ptr + rm[:, None] * stride_out + rn[None, :], (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty),
+             mask=rm[:, None] < M)
+
+
 def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor, shape: tuple[int, ...]) -> None:
-    bm, bn, bk, warps, stages = shape
+    bm, bn, bk, warps, stages, tma = shape
     m, k = x.shape
     inter = out.shape[1]
     assert k % bk == 0 and inter % bn == 0 and x.stride(1) == 1 and gate_up.stride(1) == 1
     grid = (triton.cdiv(m, bm) * (inter // bn),)
+    if tma:
+        x_desc = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [bm, bk])
+        w_desc = TensorDescriptor(gate_up, list(gate_up.shape), [gate_up.stride(0), 1], [bn, bk])
+        _gate_up_silu_tma_kernel[grid](x_desc, w_desc, out, m, k, inter, out.stride(0), BM=bm, BN=bn, BK=bk,
+                                       GROUP=8, num_warps=warps, num_stages=stages)
+        return
     _gate_up_silu_kernel[grid](x, gate_up, out, m, k, inter, x.stride(0), gate_up.stride(0), out.stride(0),
                                BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps, num_stages=stages)
 
