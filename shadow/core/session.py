@@ -10,9 +10,12 @@ No tensors here: the reader keeps the state these numbers describe.
 - ``committed``: rows whose state is read; always a multiple of ``grid``.
 - the pending tail: ``ids[committed:]``; whole chunks of it are read as the scheduler allows.
 - checkpoints: positions where the reader keeps a copy of the conv and recurrent state. One per
-  turn, at the turn's *checkpoint line*: the last grid line at or below the end of the turn's
-  prompt (``prompt_len // grid * grid``). A line above ``committed`` is *wanted*: the reader
-  copies the state when it commits that line. At most ``MAX_CHECKPOINTS``, oldest dropped first.
+  turn, at the turn's *checkpoint line*: the last grid line at or below what the next prompt is
+  expected to keep of it, its end less the generation prompt's ``<think>\n`` (``GENERATION_TAIL``
+  ids; see the settled end). A line above ``committed`` is *wanted*: the reader copies the state
+  when it commits that line. At most ``MAX_CHECKPOINTS``: the oldest is kept (the first turn's
+  line, as a rule: agents that compact their history keep the first prompt, the system prompt and
+  the task, and rewrite what follows it), then the newest; the second oldest is dropped.
 - the settled end (``settled_end``): where the ids the next prompt is expected to keep end. Agents'
   templates mostly re-render Qwen's output: in the 35 real timelines, 1,690 of 1,790 later prompts
   kept the previous one but its last one or two ids (the generation prompt's ``<think>\n``) and
@@ -31,11 +34,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 MAX_CHECKPOINTS = 6
+GENERATION_TAIL = 2  # ids at a prompt's end that the next prompt drops: ``<think>`` and ``\n``
 T = TypeVar("T")
 
 
 def grid_line_at_or_below(position: int, grid: int) -> int:
     return position // grid * grid
+
+
+def checkpoint_line(prompt_len: int, grid: int) -> int:
+    """A turn's checkpoint line (the module's docstring): a prompt of 1,025 ids keeps its
+    checkpoint at 512, since the next prompt, keeping 1,023 of them, would cut below 1,024."""
+    return grid_line_at_or_below(max(0, prompt_len - GENERATION_TAIL), grid)
 
 
 def first_difference(a: Sequence[T], b: Sequence[T]) -> int:
@@ -258,7 +268,7 @@ class SessionBook:
         self.ids = new
         self.prompt_len = len(new)
         self.turns += 1
-        line = grid_line_at_or_below(len(new), self.grid)
+        line = checkpoint_line(len(new), self.grid)
         self.prompt_lines = [*[p for p in self.prompt_lines if p <= cut and p != line], line][-MAX_CHECKPOINTS:]
         if line > 0 and line not in self.checkpoints and line not in self.wanted:
             self.wanted.append(line)
@@ -280,12 +290,13 @@ class SessionBook:
         return self.committed in self.wanted
 
     def took_checkpoint(self) -> int | None:
-        """Record the copy at ``committed``; returns the position of a checkpoint to drop, if any."""
+        """Record the copy at ``committed``; returns the position of a checkpoint to drop, if any:
+        past ``MAX_CHECKPOINTS``, the second oldest (the oldest outlives compactions)."""
         self.wanted.remove(self.committed)
         self.checkpoints.append(self.committed)
         self.checkpoints.sort()
         if len(self.checkpoints) > MAX_CHECKPOINTS:
-            return self.checkpoints.pop(0)
+            return self.checkpoints.pop(1)
         return None
 
     def committed_chunk(self) -> None:

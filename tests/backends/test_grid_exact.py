@@ -125,16 +125,18 @@ def test_no_checkpoint_starts_over(checkpoints):
     _assert_exact(sh, "s")
 
 
-def test_checkpoints_are_capped_oldest_dropped(checkpoints):
+def test_checkpoints_are_capped_the_first_turns_kept(checkpoints):
     sh = _shadow(checkpoints, "float32", 64)
     ids: list[int] = []
     for turn in range(8):
         ids = ids + [turn + 10] * 70
         sh.feed_prompt("s", ids)
         sh.read()
-    book = sh.position("s")
-    assert len(book.checkpoints) == 6
-    assert list(book.checkpoints) == sorted(book.checkpoints)[-6:] and book.checkpoints[0] > 64
+    assert sh.position("s").checkpoints == (64, 256, 320, 384, 448, 512)  # lines of 68, 278 .. 558 ids
+    sh.feed_prompt("s", ids[:68] + [9] * 100)  # a compaction that keeps the first prompt
+    assert sh.position("s").committed == 64 and sh.position("s").reread == 512 - 64
+    sh.read()
+    _assert_exact(sh, "s")
 
 
 def test_ask_is_pure_and_equals_one_turn_session(checkpoints):

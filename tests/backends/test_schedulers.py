@@ -355,7 +355,7 @@ def test_the_device_ration_alone_keeps_many_turns_fresh_within_one_share(checkpo
     of the time during which something decoded, however many turns were in flight."""
     share = 0.10
     c, svc = loaded(checkpoint, tmp_path, clock, spans, ration=share)
-    svc.feed_prompt("earlier", ids(2 * GRID, 9))  # a session used before, not in flight now
+    svc.feed_prompt("earlier", ids(2 * GRID + 5, 9))  # a session used before, not in flight now
     turns = [f"r{i}" for i in range(4)]
     for i, rid in enumerate(turns):
         svc.started(rid, f"s{i}", ids((i + 1) * GRID + 5, i))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from shadow.core.costs import ChunkCosts, fits, pass_plan
 from shadow.core.host import HostActivity
-from shadow.core.session import SessionBook
+from shadow.core.session import GENERATION_TAIL, SessionBook
 from shadow.core.shadow import Shadow
 from tests.conftest import FakeClock, wait_until
 from tests.core.test_residency import Memory, Tensors
@@ -109,9 +109,10 @@ def test_a_settled_read_stops_at_each_sessions_latest_prompt_line() -> None:
     clock = FakeClock()
     reader = CostedReader(max_batch=4, spans=(2, 4))
     sh = facade(reader, clock)
-    fed(sh, clock, {"a": 3, "b": 1})
-    sh.feed_output("a", list(range(3 * GRID)))  # Qwen's output: three more chunks past a's line
-    sh.feed_output("b", list(range(GRID)))
+    for name, chunks in (("a", 3), ("b", 1)):  # prompts ending in the generation prompt's tail
+        clock.advance(1.0)
+        sh.feed_prompt(name, list(range(chunks * GRID + GENERATION_TAIL)))
+        sh.feed_output(name, list(range(chunks * GRID - GENERATION_TAIL)))  # Qwen's output: as many more chunks
     assert sh.backlog("a") == 6 * GRID and sh.backlog("a", settled=True) == 3 * GRID
     assert sorted(sh.ready()) == sorted(sh.ready(settled=True)) == ["a", "b"]
     got = sh.read(first=["a"], settled=True)
@@ -272,8 +273,8 @@ def test_a_pass_of_one_session_reads_its_chunks_in_the_largest_span_that_fits() 
     assert [c.span for c in sh.read(max_chunks=3)] == [2, 2, 1]
     assert [c.span for c in sh.read("long")] == [1]  # the last one: no span of 1
     # a checkpoint line inside: the span stops there
-    sh.feed_prompt("cut", [9] * (3 * GRID))  # wanted at 3 * GRID
-    sh.feed_output("cut", [9] * (4 * GRID))
+    sh.feed_prompt("cut", [9] * (3 * GRID + GENERATION_TAIL))  # wanted at 3 * GRID
+    sh.feed_output("cut", [9] * (4 * GRID - GENERATION_TAIL))
     sh.read("cut")
     assert [len(p) for p in reader.passes[-3:]] == [2, 1, 4]
 

@@ -13,6 +13,7 @@ from shadow.core.session import (
     Position,
     SessionBook,
     checked_meta,
+    checkpoint_line,
     first_difference,
     grid_line_at_or_below,
 )
@@ -28,12 +29,22 @@ def test_first_difference(a, b):
     assert first_difference("".join(map(str, a)), "".join(map(str, b))) == i
 
 
-def test_checkpoint_line_is_the_grid_line_at_or_below_the_prompt_end():
+def test_checkpoint_line_is_the_grid_line_at_or_below_what_the_next_prompt_keeps():
     assert grid_line_at_or_below(1023, 512) == 512
     assert grid_line_at_or_below(1024, 512) == 1024
+    assert [checkpoint_line(n, 512) for n in (1, 513, 514, 1025, 1026, 1300)] == [0, 0, 512, 512, 1024, 1024]
     book = SessionBook(grid=512)
     book.feed_prompt(list(range(1300)))
     assert book.wanted == [1024]
+    book = SessionBook(grid=512)
+    first = list(range(1025))  # ends 1 past a line: the next prompt keeps 1,023 of it
+    book.feed_prompt(first)
+    assert book.wanted == [512]
+    book.committed_chunk()
+    book.took_checkpoint()
+    book.committed_chunk()  # 1,024 read, then the template drops the generation prompt's 2 ids
+    rb = book.feed_prompt(first[:-2] + [7] * 300)
+    assert rb is not None and rb.resume_at == 512 and rb.reread == 512
 
 
 def test_rollback_goes_to_newest_checkpoint_at_or_below_the_cut():
@@ -103,17 +114,38 @@ def test_a_book_parked_before_the_settled_fields_reads_as_one_that_never_saw_the
         checked_meta({**book.meta(), "outputs_kept": [1]}, 64)
 
 
-def test_at_most_six_checkpoints():
+def test_at_most_six_checkpoints_the_first_turns_kept():
     book = SessionBook(grid=64)
     ids: list[int] = []
+    dropped = []
     for turn in range(MAX_CHECKPOINTS + 3):
-        ids = ids + [turn] * 64
+        ids = ids + [turn] * 64 + [-1, -2]  # each prompt ends in a generation tail the next one drops
         book.feed_prompt(ids)
+        ids = ids[:-2]
         book.committed_chunk()
         if book.checkpoint_due():
-            book.took_checkpoint()
-    assert len(book.checkpoints) == MAX_CHECKPOINTS
-    assert book.checkpoints[0] == 64 * 4
+            dropped.append(book.took_checkpoint())
+    assert book.checkpoints == [64, *(64 * t for t in range(5, 10))]
+    assert dropped == [None] * MAX_CHECKPOINTS + [128, 192, 256]
+
+
+def test_a_compaction_that_keeps_the_first_prompt_resumes_at_its_line():
+    """The claude-code timelines' compactions: 14 of the 24 rewrites far below the previous prompt
+    in the 35 real ones kept the first prompt (system prompt, task) less its last two ids."""
+    book = SessionBook(grid=64)
+    first = list(range(1000, 1200)) + [-1, -2]  # its line: 192
+    ids = first
+    for turn in range(3 * MAX_CHECKPOINTS):
+        book.feed_prompt(ids)
+        book.feed_output([turn] * 100)
+        while book.whole_chunks_pending:
+            book.committed_chunk()
+            if book.checkpoint_due():
+                book.took_checkpoint()
+        ids = list(book.ids) + [turn] * 10
+    assert book.checkpoints[0] == 192 and book.committed > 1500
+    rb = book.feed_prompt(first[:-2] + [5] * 300)  # the summary replaces all but the first prompt
+    assert rb is not None and rb.resume_at == 192 and book.committed == 192
 
 
 def held_as_int32(book: SessionBook) -> bool:
