@@ -130,8 +130,9 @@ def test_at_most_six_checkpoints_the_first_turns_kept():
 
 
 def test_a_compaction_that_keeps_the_first_prompt_resumes_at_its_line():
-    """The claude-code timelines' compactions: 14 of the 24 rewrites far below the previous prompt
-    in the 35 real ones kept the first prompt (system prompt, task) less its last two ids."""
+    """Compactions as the real timelines make them: of the 24 prompts in the 35 that cut the
+    previous one short by more than its generation tail, 14 kept the first prompt (system prompt,
+    task) less its last two ids."""
     book = SessionBook(grid=64)
     first = list(range(1000, 1200)) + [-1, -2]  # its line: 192
     ids = first
