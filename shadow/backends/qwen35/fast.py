@@ -85,7 +85,7 @@ from .state import ModelState
 FORK_SIZES = (1, 8, 32, 64, 128, 192, 256, 320, 384, 448)
 # Sessions one read pass may take, each size captured on CUDA: every size, so that no pass reads an
 # empty slot (on an H100, 3 sessions in a pass of 4 with a placeholder cost 19 % more than in a pass
-# of 3 at 0-2k and 8 % more at 100k: ``benchmarks/results/read_rate-h100.json`` against
+# of 3 at 0-2k and 8 % more at 100k: ``benchmarks/results/history/read_rate-h100_cb3f014.json`` against
 # ``history/read_rate-h100_6101664.json``). Off CUDA (eager) three sizes.
 BATCHES = tuple(range(1, 17))
 EAGER_BATCHES = (1, 2, 4)
