@@ -81,9 +81,10 @@ def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(shared_data, 
     reader.warm_up()
     report = reader.fast_report()
     print(json.dumps({k: report[k] for k in ("batches", "max_batch", "static_bytes", "state_slot_bytes",
-                                             "capture_reserved_bytes", "capture_s", "check_s")}))
+                                             "capture_reserved_bytes", "capture_s", "check_s", "mlp")}))
     # every captured size reads a session as it reads alone on the H200 (the warm-up check refused none)
     assert set(report["batches"].values()) == {"ok"}, report["batches"]
+    _fused_mlp_gives_cublas_bits(reader.fast, report["mlp"])
 
     all_turns = _turns(shared_data)
     assert all(len(t) >= 2 for t in all_turns), [len(t) for t in all_turns]
@@ -135,6 +136,23 @@ def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(shared_data, 
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split()[-len(digests):] == digests
     print(json.dumps({"rounds": rounds, "rollbacks": rollbacks, "depths": depths}))
+
+
+def _fused_mlp_gives_cublas_bits(fast, forms: dict[str, str]) -> None:
+    """Where warm-up took the fused MLP GEMM, it gives cuBLAS + ``silu_mul``'s bits on rows it did not
+    see (other seeds), every layer; every read row count has a form and a reason."""
+    from shadow.backends.qwen35 import gate_up
+
+    assert set(forms) == {str(b * GRID) for b in fast.batches}, forms
+    gen = torch.Generator(device="cuda").manual_seed(1858)
+    for n in (int(k) for k, why in forms.items() if why == "fused"):
+        x = torch.randn(n, fast.cfg.hidden_size, device="cuda", generator=gen).to(torch.bfloat16)
+        ours = torch.empty(n, fast.cfg.intermediate_size, device="cuda", dtype=torch.bfloat16)
+        theirs = torch.empty_like(ours)
+        for i, lw in enumerate(fast.layers):
+            gate_up.gate_up_silu(x, lw.gate_up, ours)
+            gate_up.unfused(x, lw.gate_up, theirs)
+            assert torch.equal(ours, theirs), f"{n} rows, layer {i}"
 
 
 def test_a_real_session_read_in_spans_equals_one_chunk_a_pass(shared_data, checkpoint):

@@ -34,11 +34,12 @@ from that session's alone, in the same order:
   order fixed by the kernel it picks; the kernel may change with the row count (split K, say), so
   this is checked rather than assumed. At warm-up every captured batch size reads random sessions
   at mixed depths and compares each with the same session read alone (``graphs.check``); a size
-  that differs is not used, and the log and ``report()`` say so. Without CUDA the GEMMs run per
-  session, which keeps the eager path invariant by construction: on the dev CPU concatenated rows
-  did give a session's bits (the 0.8B's shapes and the tiny model's, fp32 and bf16), but nothing
-  documents that the CPU library's blocking ignores the row count, and the eager path has no
-  warm-up check to catch it.
+  that differs is not used, and the log and ``report()`` say so. The MLP's gate/up GEMM and SiLU
+  run as one kernel where that gives cuBLAS's bits and is faster (``gate_up.py``). Without CUDA the
+  GEMMs run per session, which keeps the eager path invariant by construction: on the dev CPU
+  concatenated rows did give a session's bits (the 0.8B's shapes and the tiny model's, fp32 and
+  bf16), but nothing documents that the CPU library's blocking ignores the row count, and the eager
+  path has no warm-up check to catch it.
 
 A span: one pass reads k consecutive chunks of each of its sessions (``k * grid`` rows a session),
 each session's chunks in the bits of reading them one pass each: the rows are the same and so is
@@ -72,7 +73,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import attention, graphs, kernels, piecewise, slots
+from . import attention, gate_up, graphs, kernels, piecewise, slots
 from .fork import Fork
 from .gdn import gated_delta_rule_chunked
 from .merged import FullW, GdnW, merge, one_plus
@@ -95,7 +96,7 @@ class FastForward:
     """The fast forward of one model. One instance serves every session, one forward at a time."""
 
     def __init__(self, model: Qwen35, grid: int, graphs: bool | None = None,
-                 batches: Sequence[int] | None = None, spans: Sequence[int] = ()) -> None:
+                 batches: Sequence[int] | None = None, spans: Sequence[int] = (), fused_mlp: bool = True) -> None:
         if model.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("the fast path off CUDA runs its Triton kernels under Triton's interpreter: "
                              "set TRITON_INTERPRET=1 before start (slow; meant for tests)")
@@ -129,6 +130,10 @@ class FastForward:
         # Per batch size (per span size): why it is not used (its warm-up check failed); absent if usable.
         self.refused: dict[int, str] = {}
         self.refused_spans: dict[int, str] = {}
+        # Per read row count: "fused" where the MLP's GEMM and SiLU run as one kernel, else why not
+        # (``gate_up.choose`` at warm-up; bits as cuBLAS's either way).
+        self.fused_mlp = fused_mlp
+        self.mlp_forms: dict[int, str] = {}
         # Without CUDA, GEMMs run per session (module docstring).
         self.gemm_per_session = self.device.type != "cuda"
         n_slots, layers = self.batches[-1], len(cfg.linear_layers)
@@ -238,9 +243,11 @@ class FastForward:
 
     def _mlp(self, r: Rows, lw: GdnW | FullW) -> None:
         x = self._norm(r, lw.norm_post)
-        gu = self._linear(r, x, lw.gate_up)
         act = torch.empty(r.n, lw.down.shape[1], device=x.device, dtype=x.dtype)
-        kernels.silu_mul(gu, act)
+        if self.mlp_forms.get(r.n) == "fused":
+            gate_up.gate_up_silu(x, lw.gate_up, act)
+        else:
+            kernels.silu_mul(self._linear(r, x, lw.gate_up), act)
         r.delta = self._linear(r, act, lw.down)
 
     def _gdn(self, r: Rows, lw: GdnW) -> None:
@@ -427,6 +434,8 @@ class FastForward:
         """Capture every row count's pieces (CUDA only), then check each batch size against its
         sessions read alone; returns the seconds it took."""
         if self.use_graphs and self.pool is None:
+            if self.fused_mlp:
+                self.mlp_forms = gate_up.choose(self)
             graphs.capture(self)
             graphs.check(self)
         return self.capture_s + self.check_s

@@ -214,6 +214,8 @@ def report(fast: FastForward) -> dict[str, Any]:
         "batches": {str(b): why for b, why in fast.batch_sizes().items()},
         "spans": {str(k): fast.refused_spans.get(k, "ok" if fast.check_s else "unchecked") for k in fast.spans},
         "max_batch": fast.max_batch, "check_s": fast.check_s,
+        # per read row count: "fused" (the MLP's GEMM and SiLU in one kernel) or why not
+        "mlp": {str(n): why for n, why in fast.mlp_forms.items()},
         "state_slots": fast.batches[-1], "state_slot_bytes": slot_bytes,
         "static_bytes": static, "merged_weight_bytes": merged,
     }

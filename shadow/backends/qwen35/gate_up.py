@@ -1,0 +1,157 @@
+"""The MLP's gate and up projections with ``silu(gate) * up`` in one Triton GEMM, taken by a read's
+pass where it gives the bits of cuBLAS's GEMM then ``kernels.silu_mul`` and costs less.
+
+Why: the row-wise kernels of a batched pass run at about the memory's rate
+(``benchmarks/probes/pass_busy.py``), and the MLP's are the largest: cuBLAS writes ``[rows, 2 I]``
+bf16 that ``silu_mul`` only reads back to write ``[rows, I]``. Here a program holds a tile of the
+gate's accumulator and the same tile of the up's, rounds each to bf16 where cuBLAS stores them and
+writes ``silu(g) * u``: the intermediate never reaches memory (11 MB a session a layer at 0.8B).
+
+Bits: the reduction runs over K in ``BK`` steps in order, fp32 accumulation, no split of K, so on
+the H100 its outputs equal cuBLAS's then ``silu_mul``'s bit for bit at 512 to 8,192 rows
+(``benchmarks/results/gemm_silu-h100.json``). That equality is a property of cuBLAS's kernel choice
+on a device, not a law, so ``choose`` checks it at warm-up for every row count a read takes and the
+fast path uses the fused form only where it holds: a session's bits are then the same whichever
+form a pass ran, and the warm-up's batch check (``graphs.check``) compares batched against alone
+on top.
+
+Batch invariance of the kernel itself: a program's output rows come from those rows of ``x`` and
+the weight only, with one tile shape for every row count, so a session's rows are the same inside
+any larger call.
+
+Speed: the fused form is slower than cuBLAS at some row counts (2,048 rows on the H100), so
+``choose`` times both forms at each row count and keeps the faster; the choice never moves bits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from . import kernels
+
+if TYPE_CHECKING:
+    from .fast import FastForward
+
+log = logging.getLogger(__name__)
+
+UPCAST = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter multiplies bf16 tiles wrongly
+# (BM, BN, BK, warps, stages): two BM x BN fp32 accumulators a program, tiles through the copy
+# engine (TMA); the fastest of eleven launch shapes at every row count on the H100
+# (``results/gemm_silu-h100.json``).
+SHAPE = (128, 128, 64, 8, 3)
+GROUP = 8  # tiles in grouped order for L2 reuse; which program takes a tile never changes its bits
+TIMING_CALLS = 15
+
+
+@triton.jit
+def _gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr, GROUP: tl.constexpr, DOT: tl.constexpr):
+    pid = tl.program_id(0)
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(I, BN)
+    per_group = GROUP * n_n
+    first_m = (pid // per_group) * GROUP
+    size_m = tl.minimum(n_m - first_m, GROUP)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    m0, n0 = pid_m * BM, pid_n * BN
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = x_desc.load([m0, k]).to(DOT)
+        acc_g = tl.dot(a, w_desc.load([n0, k]).to(DOT).T, acc_g)
+        acc_u = tl.dot(a, w_desc.load([I + n0, k]).to(DOT).T, acc_u)
+    g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded where cuBLAS stores them
+    u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
+    rm = m0 + tl.arange(0, BM)
+    rn = n0 + tl.arange(0, BN)
+    tl.store(out_ptr + rm[:, None] * stride_out + rn[None, :], (g * tl.sigmoid(g) * u).to(out_ptr.dtype.element_ty),
+             mask=rm[:, None] < M)
+
+
+def fits(hidden: int, inter: int, shape: tuple[int, ...] = SHAPE) -> bool:
+    """Whether the tile shape divides the model's widths (the kernel masks rows, not columns)."""
+    _, bn, bk, _, _ = shape
+    return hidden % bk == 0 and inter % bn == 0
+
+
+def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor,
+                 shape: tuple[int, ...] = SHAPE) -> None:
+    """``out = silu(x @ gate_up[:I].T) * (x @ gate_up[I:].T)``, each product rounded to ``out``'s
+    dtype first, with ``I = out.shape[1]`` (``gate_up`` is the merged ``[2 I, hidden]`` weight)."""
+    bm, bn, bk, warps, stages = shape
+    m, k = x.shape
+    inter = out.shape[1]
+    if gate_up.shape != (2 * inter, k) or not fits(k, inter, shape):
+        raise ValueError(f"gate_up_silu: weight {tuple(gate_up.shape)} for {k} inputs and {inter} outputs "
+                         f"does not fit tiles {shape}")
+    if x.stride(1) != 1 or gate_up.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError("gate_up_silu: rows must be contiguous")
+    x_desc = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [bm, bk])
+    w_desc = TensorDescriptor(gate_up, list(gate_up.shape), [gate_up.stride(0), 1], [bn, bk])
+    grid = (triton.cdiv(m, bm) * (inter // bn),)
+    _gate_up_silu_kernel[grid](x_desc, w_desc, out, m, k, inter, out.stride(0), BM=bm, BN=bn, BK=bk, GROUP=GROUP,
+                               DOT=tl.float32 if UPCAST else x.dtype, num_warps=warps, num_stages=stages)
+
+
+def unfused(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    """What the fast path runs otherwise: cuBLAS's GEMM into ``[rows, 2 I]``, then ``silu_mul``."""
+    kernels.silu_mul(F.linear(x, gate_up), out)
+
+
+def _median_ms(forms: tuple[object, object], calls: int) -> tuple[float, float]:
+    """Each form's median device time a call, the two alternating (so drift hits both alike)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(calls):
+        for fn, kept in zip(forms, times, strict=True):
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            start.record()
+            fn()  # type: ignore[operator]
+            end.record()
+            end.synchronize()
+            kept.append(start.elapsed_time(end))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def choose(fast: FastForward) -> dict[int, str]:
+    """Per row count of a read's pass: "fused" where the fused form gives cuBLAS's bits (every
+    layer's weight, random rows) and is faster, else why not (CUDA only; off it, nothing)."""
+    cfg, dev = fast.cfg, fast.device
+    if dev.type != "cuda" or not fits(cfg.hidden_size, cfg.intermediate_size):
+        return {}
+    counts = sorted({b * fast.grid for b in fast.batches} | {k * fast.grid for k in fast.spans})
+    gen = torch.Generator(device=dev).manual_seed(35)
+    xs = torch.randn(counts[-1], cfg.hidden_size, device=dev, generator=gen).to(fast.model.dtype)
+    chosen: dict[int, str] = {}
+    for n in counts:
+        x = xs[:n]
+        ours = torch.empty(n, cfg.intermediate_size, device=dev, dtype=x.dtype)
+        theirs = torch.empty_like(ours)
+        differs = None
+        for i, lw in enumerate(fast.layers):
+            gate_up_silu(x, lw.gate_up, ours)
+            unfused(x, lw.gate_up, theirs)
+            if not torch.equal(ours, theirs):
+                differs = i
+                break
+        if differs is not None:
+            chosen[n] = f"bits differ from cuBLAS + silu_mul (layer {differs})"
+            continue
+        w = fast.layers[0].gate_up
+        fused_ms, cublas_ms = _median_ms((partial(gate_up_silu, x, w, ours), partial(unfused, x, w, theirs)),
+                                         TIMING_CALLS)
+        chosen[n] = "fused" if fused_ms < cublas_ms else f"slower ({fused_ms * 1e3:.1f} us vs {cublas_ms * 1e3:.1f})"
+    taken = [n for n, why in chosen.items() if why == "fused"]
+    log.info("fused gate/up + SiLU at %s rows; not at %s", taken,
+             {n: why for n, why in chosen.items() if why != "fused"})
+    return chosen
