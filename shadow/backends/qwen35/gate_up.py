@@ -55,7 +55,7 @@ TIMING_CALLS = 15
 
 @triton.jit
 def _gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out, BM: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, GROUP: tl.constexpr, DOT: tl.constexpr):
+                         BK: tl.constexpr, GROUP: tl.constexpr, FP32_DOT: tl.constexpr):
     pid = tl.program_id(0)
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(I, BN)
     per_group = GROUP * n_n
@@ -67,9 +67,13 @@ def _gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out, BM: tl.co
     acc_g = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, K, BK):
-        a = x_desc.load([m0, k]).to(DOT)
-        acc_g = tl.dot(a, w_desc.load([n0, k]).to(DOT).T, acc_g)
-        acc_u = tl.dot(a, w_desc.load([I + n0, k]).to(DOT).T, acc_u)
+        a = x_desc.load([m0, k])
+        wg = w_desc.load([n0, k])
+        wu = w_desc.load([I + n0, k])
+        if FP32_DOT:
+            a, wg, wu = a.to(tl.float32), wg.to(tl.float32), wu.to(tl.float32)
+        acc_g = tl.dot(a, wg.T, acc_g)
+        acc_u = tl.dot(a, wu.T, acc_u)
     g = acc_g.to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded where cuBLAS stores them
     u = acc_u.to(out_ptr.dtype.element_ty).to(tl.float32)
     rm = m0 + tl.arange(0, BM)
@@ -100,7 +104,7 @@ def gate_up_silu(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor,
     w_desc = TensorDescriptor(gate_up, list(gate_up.shape), [gate_up.stride(0), 1], [bn, bk])
     grid = (triton.cdiv(m, bm) * (inter // bn),)
     _gate_up_silu_kernel[grid](x_desc, w_desc, out, m, k, inter, out.stride(0), BM=bm, BN=bn, BK=bk, GROUP=GROUP,
-                               DOT=tl.float32 if UPCAST else x.dtype, num_warps=warps, num_stages=stages)
+                               FP32_DOT=UPCAST, num_warps=warps, num_stages=stages)
 
 
 def unfused(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor) -> None:
