@@ -20,11 +20,14 @@ the weight only, with one tile shape for every row count, so a session's rows ar
 any larger call.
 
 Speed: the fused form is slower than cuBLAS at some row counts (2,048 rows on the H100), so
-``choose`` times both forms at each row count and keeps the faster; the choice never moves bits.
+``choose`` times both forms at each row count, in CUDA graphs as a pass runs them (timed eagerly,
+the host's launch of the fused kernel showed in its time), and keeps the faster; the choice never
+moves bits.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import statistics
@@ -50,7 +53,7 @@ UPCAST = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter multiplies
 # (``results/gemm_silu-h100.json``).
 SHAPE = (128, 128, 64, 8, 3)
 GROUP = 8  # tiles in grouped order for L2 reuse; which program takes a tile never changes its bits
-TIMING_CALLS = 15
+TIMING_CALLS = 10  # calls a timing graph holds
 
 
 @triton.jit
@@ -112,18 +115,31 @@ def unfused(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor) -> None:
     kernels.silu_mul(F.linear(x, gate_up), out)
 
 
-def _median_ms(forms: tuple[object, object], calls: int) -> tuple[float, float]:
-    """Each form's median device time a call, the two alternating (so drift hits both alike)."""
+def _graph_ms(forms: tuple[object, object], calls: int, rounds: int = 5) -> tuple[float, float]:
+    """Each form's median device time a call, ``calls`` calls captured in one CUDA graph (as a read's
+    pass runs them: a launch's host time, the descriptors' included, hidden), forms alternating."""
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    captured = []
+    for fn in forms:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()  # type: ignore[operator]  # compile and settle the allocator outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()  # type: ignore[operator]
+        captured.append(graph)
     times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(calls):
-        for fn, kept in zip(forms, times, strict=True):
+    for _ in range(rounds):
+        for graph, kept in zip(captured, times, strict=True):
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
-            fn()  # type: ignore[operator]
+            graph.replay()
             end.record()
             end.synchronize()
-            kept.append(start.elapsed_time(end))
+            kept.append(start.elapsed_time(end) / calls)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
@@ -137,25 +153,32 @@ def choose(fast: FastForward) -> dict[int, str]:
     gen = torch.Generator(device=dev).manual_seed(35)
     xs = torch.randn(counts[-1], cfg.hidden_size, device=dev, generator=gen).to(fast.model.dtype)
     chosen: dict[int, str] = {}
-    for n in counts:
-        x = xs[:n]
-        ours = torch.empty(n, cfg.intermediate_size, device=dev, dtype=x.dtype)
-        theirs = torch.empty_like(ours)
-        differs = None
-        for i, lw in enumerate(fast.layers):
-            gate_up_silu(x, lw.gate_up, ours)
-            unfused(x, lw.gate_up, theirs)
-            if not torch.equal(ours, theirs):
-                differs = i
-                break
-        if differs is not None:
-            chosen[n] = f"bits differ from cuBLAS + silu_mul (layer {differs})"
-            continue
-        w = fast.layers[0].gate_up
-        fused_ms, cublas_ms = _median_ms((partial(gate_up_silu, x, w, ours), partial(unfused, x, w, theirs)),
-                                         TIMING_CALLS)
-        chosen[n] = "fused" if fused_ms < cublas_ms else f"slower ({fused_ms * 1e3:.1f} us vs {cublas_ms * 1e3:.1f})"
+    # Python's collector must not free another instance's graphs during a capture (``graphs.capture``).
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for n in counts:
+            chosen[n] = _choose_at(fast, xs[:n])
+    finally:
+        if collecting:
+            gc.enable()
     taken = [n for n, why in chosen.items() if why == "fused"]
     log.info("fused gate/up + SiLU at %s rows; not at %s", taken,
              {n: why for n, why in chosen.items() if why != "fused"})
     return chosen
+
+
+def _choose_at(fast: FastForward, x: torch.Tensor) -> str:
+    """"fused" if the fused form gives cuBLAS's bits for ``x`` with every layer's weight and is the
+    faster at its row count, else why not."""
+    ours = torch.empty(x.shape[0], fast.cfg.intermediate_size, device=x.device, dtype=x.dtype)
+    theirs = torch.empty_like(ours)
+    for i, lw in enumerate(fast.layers):
+        gate_up_silu(x, lw.gate_up, ours)
+        unfused(x, lw.gate_up, theirs)
+        if not torch.equal(ours, theirs):
+            return f"bits differ from cuBLAS + silu_mul (layer {i})"
+    w = fast.layers[0].gate_up
+    fused_ms, cublas_ms = _graph_ms((partial(gate_up_silu, x, w, ours), partial(unfused, x, w, theirs)), TIMING_CALLS)
+    return "fused" if fused_ms < cublas_ms else f"slower ({fused_ms * 1e3:.1f} us vs {cublas_ms * 1e3:.1f})"
