@@ -134,6 +134,7 @@ class FastForward:
         # (``gate_up.choose`` at warm-up; bits as cuBLAS's either way).
         self.fused_mlp = fused_mlp
         self.mlp_forms: dict[int, str] = {}
+        self.mlp_choose_s = 0.0
         # Without CUDA, GEMMs run per session (module docstring).
         self.gemm_per_session = self.device.type != "cuda"
         n_slots, layers = self.batches[-1], len(cfg.linear_layers)
@@ -431,14 +432,14 @@ class FastForward:
         return self.n_attn + (0 if self.read_stops_early else 1)
 
     def warm_up(self) -> float:
-        """Capture every row count's pieces (CUDA only), then check each batch size against its
-        sessions read alone; returns the seconds it took."""
+        """Choose the MLP's form per read row count, capture every row count's pieces (CUDA only),
+        then check each batch size against its sessions read alone; returns the seconds it took."""
         if self.use_graphs and self.pool is None:
             if self.fused_mlp:
                 self.mlp_forms = gate_up.choose(self)
             graphs.capture(self)
             graphs.check(self)
-        return self.capture_s + self.check_s
+        return self.mlp_choose_s + self.capture_s + self.check_s
 
     def report(self) -> dict[str, Any]:
         """What the fast path holds beside the sessions, shared by all of them."""

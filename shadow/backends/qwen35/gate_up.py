@@ -31,6 +31,7 @@ import gc
 import logging
 import os
 import statistics
+import time
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -145,7 +146,9 @@ def _graph_ms(forms: tuple[object, object], calls: int, rounds: int = 5) -> tupl
 
 def choose(fast: FastForward) -> dict[int, str]:
     """Per row count of a read's pass: "fused" where the fused form gives cuBLAS's bits (every
-    layer's weight, random rows) and is faster, else why not (CUDA only; off it, nothing)."""
+    layer's weight, random rows) and is faster, else why not (CUDA only; off it, nothing). Its
+    seconds go to ``fast.mlp_choose_s``."""
+    t0 = time.perf_counter()
     cfg, dev = fast.cfg, fast.device
     if dev.type != "cuda" or not fits(cfg.hidden_size, cfg.intermediate_size):
         return {}
@@ -163,6 +166,7 @@ def choose(fast: FastForward) -> dict[int, str]:
     finally:
         if collecting:
             gc.enable()
+    fast.mlp_choose_s = time.perf_counter() - t0
     taken = [n for n, why in chosen.items() if why == "fused"]
     log.info("fused gate/up + SiLU at %s rows; not at %s", taken,
              {n: why for n, why in chosen.items() if why != "fused"})

@@ -215,7 +215,7 @@ def report(fast: FastForward) -> dict[str, Any]:
         "spans": {str(k): fast.refused_spans.get(k, "ok" if fast.check_s else "unchecked") for k in fast.spans},
         "max_batch": fast.max_batch, "check_s": fast.check_s,
         # per read row count: "fused" (the MLP's GEMM and SiLU in one kernel) or why not
-        "mlp": {str(n): why for n, why in fast.mlp_forms.items()},
+        "mlp": {str(n): why for n, why in fast.mlp_forms.items()}, "mlp_choose_s": fast.mlp_choose_s,
         "state_slots": fast.batches[-1], "state_slot_bytes": slot_bytes,
         "static_bytes": static, "merged_weight_bytes": merged,
     }
