@@ -35,6 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from benchmarks.common import captured, device_ms_per_call, environment
 from shadow.backends.qwen35 import kernels
+from shadow.backends.qwen35.gate_up import tile
 
 DT = torch.bfloat16
 HIDDEN, INTER, CHUNK = 1024, 3584, 512
@@ -48,23 +49,9 @@ SHAPES = ((128, 128, 64, 8, 3, 0), (128, 128, 64, 8, 4, 0), (128, 64, 64, 4, 4, 
 
 
 @triton.jit
-def _tile(M, I, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
-    """This program's output tile, in grouped order (for L2): which program takes which tile never
-    changes a tile's bits."""
-    pid = tl.program_id(0)
-    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(I, BN)
-    per_group = GROUP * n_n
-    first_m = (pid // per_group) * GROUP
-    size_m = tl.minimum(n_m - first_m, GROUP)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
-    return pid_m, pid_n
-
-
-@triton.jit
 def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, K, I, stride_x, stride_w, stride_out,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    pid_m, pid_n = _tile(M, I, BM, BN, GROUP)
+    pid_m, pid_n = tile(M, I, BM, BN, GROUP)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -90,7 +77,7 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, out_ptr, M, K, I, stride_x, stride_w, str
 @triton.jit
 def _gate_up_silu_tma_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
-    pid_m, pid_n = _tile(M, I, BM, BN, GROUP)
+    pid_m, pid_n = tile(M, I, BM, BN, GROUP)
     m0, n0 = pid_m * BM, pid_n * BN
     acc_g = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)

@@ -53,13 +53,14 @@ UPCAST = os.environ.get("TRITON_INTERPRET") == "1"  # the interpreter multiplies
 # engine (TMA); the fastest of eleven launch shapes at every row count on the H100
 # (``results/gemm_silu-h100.json``).
 SHAPE = (128, 128, 64, 8, 3)
-GROUP = 8  # tiles in grouped order for L2 reuse; which program takes a tile never changes its bits
+GROUP = 8  # tiles in grouped order for L2 reuse (``tile``)
 TIMING_CALLS = 10  # calls a timing graph holds
 
 
 @triton.jit
-def _gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out, BM: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, GROUP: tl.constexpr, FP32_DOT: tl.constexpr):
+def tile(M, I, BM: tl.constexpr, BN: tl.constexpr, GROUP: tl.constexpr):
+    """This program's output tile, in grouped order (for L2): which program takes which tile never
+    changes a tile's bits."""
     pid = tl.program_id(0)
     n_m, n_n = tl.cdiv(M, BM), tl.cdiv(I, BN)
     per_group = GROUP * n_n
@@ -67,6 +68,13 @@ def _gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out, BM: tl.co
     size_m = tl.minimum(n_m - first_m, GROUP)
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gate_up_silu_kernel(x_desc, w_desc, out_ptr, M, K, I, stride_out, BM: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr, GROUP: tl.constexpr, FP32_DOT: tl.constexpr):
+    pid_m, pid_n = tile(M, I, BM, BN, GROUP)
     m0, n0 = pid_m * BM, pid_n * BN
     acc_g = tl.zeros((BM, BN), dtype=tl.float32)
     acc_u = tl.zeros((BM, BN), dtype=tl.float32)
