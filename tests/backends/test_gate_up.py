@@ -4,6 +4,8 @@ refusals. Its bits against cuBLAS's are a device's property, checked at warm-up 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,3 +57,15 @@ def test_refuses_widths_its_tiles_do_not_divide():
     with pytest.raises(ValueError, match="does not fit tiles"):
         gate_up.gate_up_silu(x, w[:INTER], torch.empty(64, INTER, dtype=x.dtype), SMALL)
     assert gate_up.fits(1024, 3584) and not gate_up.fits(1024, 3500)
+
+
+def test_a_kernel_that_fails_to_build_leaves_cublas_serving(monkeypatch):
+    """A GPU or Triton the kernel does not compile for must not stop warm-up: the row count keeps
+    cuBLAS's form, and the reason names the failure."""
+    def no_tma(*args, **kwargs):
+        raise RuntimeError("TMA descriptors need sm_90")
+
+    monkeypatch.setattr(gate_up, "gate_up_silu", no_tma)
+    x, w = _inputs(64, seed=2)
+    fast = SimpleNamespace(cfg=SimpleNamespace(intermediate_size=INTER), layers=[SimpleNamespace(gate_up=w)])
+    assert gate_up._choose_at(fast, x) == "kernel failed: RuntimeError: TMA descriptors need sm_90"

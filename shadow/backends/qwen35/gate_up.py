@@ -22,7 +22,8 @@ any larger call.
 Speed: the fused form is slower than cuBLAS at some row counts (2,048 rows on the H100), so
 ``choose`` times both forms at each row count, in CUDA graphs as a pass runs them (timed eagerly,
 the host's launch of the fused kernel showed in its time), and keeps the faster; the choice never
-moves bits.
+moves bits. Where the kernel does not build (a GPU without the copy engine's descriptors, another
+Triton), every row count keeps cuBLAS and ``report()["mlp"]`` says why.
 """
 
 from __future__ import annotations
@@ -186,6 +187,10 @@ def _choose_at(fast: FastForward, x: torch.Tensor) -> str:
     faster at its row count, else why not."""
     ours = torch.empty(x.shape[0], fast.cfg.intermediate_size, device=x.device, dtype=x.dtype)
     theirs = torch.empty_like(ours)
+    try:
+        gate_up_silu(x, fast.layers[0].gate_up, ours)
+    except Exception as e:  # a GPU or Triton this kernel does not compile for: warm-up goes on with cuBLAS
+        return f"kernel failed: {type(e).__name__}: {str(e)[:200]}"
     for i, lw in enumerate(fast.layers):
         gate_up_silu(x, lw.gate_up, ours)
         unfused(x, lw.gate_up, theirs)
