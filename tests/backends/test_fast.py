@@ -5,6 +5,7 @@ The CUDA graphs themselves are exercised by the GPU tests (tests/backends/test_g
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 
@@ -488,3 +489,22 @@ def test_states_move_into_the_slots_in_one_launch_or_a_layer_at_a_time(checkpoin
         fast.read_chunks([(ids, loose)])  # a layer at a time
     assert same_state(stacked, alone) and same_state(loose, alone)
     assert alone.length == 2 * 64 and not torch.equal(alone.recurrent[0], torch.zeros_like(alone.recurrent[0]))
+
+
+def test_captures_run_with_the_collector_paused_and_restored():
+    """A capture must not meet Python's collector (freeing a graph is a CUDA call a capture forbids);
+    afterwards the collector is as it was, an error inside included."""
+    from shadow.backends.qwen35.graphs import collector_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("a capture failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # one that was off stays off
+    finally:
+        gc.enable()

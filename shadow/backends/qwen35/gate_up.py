@@ -28,7 +28,6 @@ Triton), every row count keeps cuBLAS and ``report()["mlp"]`` says why.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import statistics
@@ -42,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import kernels
+from . import graphs, kernels
 
 if TYPE_CHECKING:
     from .fast import FastForward
@@ -164,17 +163,8 @@ def choose(fast: FastForward) -> dict[int, str]:
     counts = sorted({b * fast.grid for b in fast.batches} | {k * fast.grid for k in fast.spans})
     gen = torch.Generator(device=dev).manual_seed(35)
     xs = torch.randn(counts[-1], cfg.hidden_size, device=dev, generator=gen).to(fast.model.dtype)
-    chosen: dict[int, str] = {}
-    # Python's collector must not free another instance's graphs during a capture (``graphs.capture``).
-    gc.collect()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        for n in counts:
-            chosen[n] = _choose_at(fast, xs[:n])
-    finally:
-        if collecting:
-            gc.enable()
+    with graphs.collector_paused():  # the timing captures graphs
+        chosen = {n: _choose_at(fast, xs[:n]) for n in counts}
     fast.mlp_choose_s = time.perf_counter() - t0
     taken = [n for n, why in chosen.items() if why == "fused"]
     log.info("fused gate/up + SiLU at %s rows; not at %s", taken,

@@ -15,6 +15,8 @@ from __future__ import annotations
 import gc
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,16 +34,25 @@ CHECK_SEED = 18
 CHECK_DEPTHS = 4  # session b of a check batch starts at depth (b % CHECK_DEPTHS) chunks
 
 
-def capture(fast: FastForward) -> None:
-    """Capture every row count's pieces, largest first, into one pool (CUDA only)."""
-    t0 = time.perf_counter()
-    # Python's collector must not run during a capture: freeing another instance's graphs or
-    # events is a CUDA call that a capture forbids (it invalidates the capture). Collect first.
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's collector must not run during a capture: freeing another instance's graphs or
+    events is a CUDA call that a capture forbids (it invalidates the capture). Collect first."""
     gc.collect()
     collecting = gc.isenabled()
     gc.disable()
-    dev = fast.device
     try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def capture(fast: FastForward) -> None:
+    """Capture every row count's pieces, largest first, into one pool (CUDA only)."""
+    t0 = time.perf_counter()
+    dev = fast.device
+    with collector_paused():
         # Capture empties the allocator's cache on entry: empty it first, so that the difference
         # below is what the capture added, not what it freed.
         torch.cuda.empty_cache()
@@ -68,9 +79,6 @@ def capture(fast: FastForward) -> None:
                     fast._run(r, j)
                 captured.append(g)
             r.graphs = captured
-    finally:
-        if collecting:
-            gc.enable()
     torch.cuda.synchronize(dev)
     fast.capture_s = time.perf_counter() - t0
     fast.capture_bytes = torch.cuda.memory_reserved(dev) - reserved_before
