@@ -1,5 +1,5 @@
 """The batch part of ``read_rate``: ms per 512 ids when B sessions read their next chunk in one
-``read_chunks`` pass (``figure: "batch_chunk"``), at B = 1, 2, 3, 4, 6, 8, 12, 16 (the reader
+``read_chunks`` pass (``figure: "batch_chunk"``), at B = 1 to 8, 10, 12, 14 and 16 (the reader
 captures every size up to 16; a size it does not take is read as it plans it: ``passes``) and at
 three depth groups:
 0-2k (session b at 1024, 0, 2048, 512, 1536, ... ids: mixed depths in one batch), 32k and 100k;
@@ -41,8 +41,10 @@ SPREAD = (1024, 0, 2048, 512, 1536)  # the 0-2k group: session b at SPREAD[b % 5
 
 @dataclass(frozen=True)
 class BatchPlan:
-    # ``concurrency.py`` prices the sizes between these between them
-    sizes: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+    # ``concurrency.py`` prices the sizes between these between them. Every size to 8 is measured,
+    # as a pass's cost is not a line in B: its GDN kernels took 1.23 ms at B = 4 and 2.28 at 6 on an
+    # H100 (``results/pass_busy-h100.json``), about 0.16 a session from 2 to 4 and 0.52 from 4 to 6.
+    sizes: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
     depths: tuple[int, ...] = (0, 32768, 100352)  # 0 is the 0-2k group
     repeats: int = 5
     exact_sessions: int = 16
