@@ -163,6 +163,7 @@ def main() -> None:
     assert gdn_fla.available()
     out: dict[str, Any] = {"probe": "gdn_fused_ab", **environment(), "layer": [], "passes": []}
     path = Path(args.out) / "gdn_fused_ab.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     for batch in args.batches:
         row = _layer(batch)
         out["layer"].append(row)
