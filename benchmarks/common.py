@@ -45,6 +45,14 @@ def keep_newest(path: Path, sidecars: tuple[str, ...] = ()) -> None:
             old.replace(history / f"{stem}_{commit}{suffix}")
 
 
+def result_path(folder: str | Path, name: str) -> Path:
+    """``folder/name``, the folder made if missing: a probe writes its rows as it goes, and a run
+    on the device whose ``--out`` folder did not exist lost them at its first write."""
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def environment() -> dict[str, object]:
 
     commit = os.environ.get("SHADOW_COMMIT", "")  # the device copy may carry no .git: the caller passes it

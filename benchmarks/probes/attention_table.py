@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import captured, device_ms_per_call, environment
+from benchmarks.common import captured, device_ms_per_call, environment, result_path
 
 ROWS, HEADS, KV, DIM = 512, 8, 2, 256
 GROUPS = {"0-2k": [1024, 0, 2048, 512, 1536, 0, 1024, 2048], "32k": [32768], "100k": [100352]}
@@ -100,7 +99,7 @@ def main() -> None:
             print(json.dumps({k: v for k, v in row.items() if k != "starts"}), flush=True)
     out = {"probe": "attention_table", **environment(), "rows": rows,
            "all_equal": all(r["equal_to_calls"] and r["table_repeat_equal"] and r["table_graph_equal"] for r in rows)}
-    path = Path(args.out) / "attention_table.json"
+    path = result_path(args.out, "attention_table.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("all equal:", out["all_equal"], "->", path)
 

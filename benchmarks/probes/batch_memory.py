@@ -24,7 +24,7 @@ import torch
 
 from benchmarks import read_rate_batch as batch_mod
 from benchmarks import read_rate_floor as floor_mod
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.read_rate import FULL, MODELS, _free, _write_model
 from shadow.backends.qwen35 import Qwen35
 from shadow.backends.reader import TorchReader
@@ -60,7 +60,7 @@ def main() -> None:
     device = torch.device("cuda")
     rates = (floor_mod.matmul_rate(device, torch.bfloat16, FULL.matmul_n), floor_mod.copy_rate(device, FULL.copy_bytes))
     out: dict[str, Any] = {"probe": "batch_memory", **environment(), "plan": PLAN.__dict__, "models": {}}
-    path = Path(args.out) / "batch_memory.json"
+    path = result_path(args.out, "batch_memory.json")
     with tempfile.TemporaryDirectory(prefix="batch_memory-") as tmp:
         for name in args.models.split(","):
             folder = Path(tmp) / name

@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from benchmarks.common import captured, device_ms_per_call, environment
+from benchmarks.common import captured, device_ms_per_call, environment, result_path
 from shadow.backends.qwen35 import kernels
 
 DT = torch.bfloat16
@@ -156,7 +155,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     print(json.dumps(rows[0]), json.dumps([r for r in rows if r["form"] == "shipped"]))
     out_doc = {"probe": "conv_tiles", **environment(), "rows": rows}
-    path = Path(args.out) / "conv_tiles.json"
+    path = result_path(args.out, "conv_tiles.json")
     path.write_text(json.dumps(out_doc, indent=1) + "\n")
     print("->", path)
 

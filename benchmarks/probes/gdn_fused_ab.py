@@ -20,12 +20,11 @@ import argparse
 import functools
 import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, _case, random_08b
 from shadow.backends.qwen35 import gdn_fla, gdn_fused
 from shadow.backends.qwen35.fast import FastForward
@@ -162,8 +161,7 @@ def main() -> None:
     args = ap.parse_args()
     assert gdn_fla.available()
     out: dict[str, Any] = {"probe": "gdn_fused_ab", **environment(), "layer": [], "passes": []}
-    path = Path(args.out) / "gdn_fused_ab.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = result_path(args.out, "gdn_fused_ab.json")
     for batch in args.batches:
         row = _layer(batch)
         out["layer"].append(row)

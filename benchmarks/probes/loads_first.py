@@ -33,13 +33,12 @@ import json
 import statistics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from benchmarks.common import captured, device_ms_per_call, environment
+from benchmarks.common import captured, device_ms_per_call, environment, result_path
 from benchmarks.probes import read_pass_ab
 from shadow.backends.qwen35 import kernels
 from shadow.backends.qwen35.fast import FastForward
@@ -194,7 +193,7 @@ def main() -> None:
     spec.loader.exec_module(lead)
     result: dict[str, Any] = {"probe": "loads_first", **environment(), "lead_kernels": args.lead_kernels,
                               "rounds": ROUNDS}
-    path = Path(args.out) / "loads_first.json"
+    path = result_path(args.out, "loads_first.json")
     result["kernels"] = conv_rows(lead) + rms_rows(lead) + rope_rows(lead)
     path.write_text(json.dumps(result, indent=1) + "\n")
     if not args.no_passes:

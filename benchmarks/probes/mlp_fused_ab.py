@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, _case, random_08b
 from shadow.backends.qwen35.fast import FastForward
 
@@ -39,7 +38,7 @@ def main() -> None:
                            "refused": {name: dict(fast.refused) for name, fast in forms.items()},
                            "rounds": args.rounds, "passes": args.passes, "rows": []}
     print(json.dumps(out["chosen"]), flush=True)
-    path = Path(args.out) / "mlp_fused_ab.json"
+    path = result_path(args.out, "mlp_fused_ab.json")
     for batch, group in CASES:
         row = _case(model, forms, batch, group, args.rounds, args.passes)
         row["saved_ms_per_512"] = row["cublas_ms_per_512"] - row["fused_ms_per_512"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, SPREAD, _placed, random_08b
 from shadow.backends.qwen35.fast import FastForward
 
@@ -68,7 +68,7 @@ def main() -> None:
             print(f"   {r['own_us_a_pass']:8.1f} us own {r['cumulative_us_a_pass']:8.1f} cum "
                   f"{r['calls_a_pass']:6.1f} calls  {r['function']}", flush=True)
     out = {"probe": "pass_host", **environment(), "passes": args.passes, "rows": rows}
-    path = Path(args.out) / "pass_host.json"
+    path = result_path(args.out, "pass_host.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("->", path)
 

@@ -22,13 +22,12 @@ import importlib.util
 import json
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 import triton
 
-from benchmarks.common import captured, device_ms_per_call, environment
+from benchmarks.common import captured, device_ms_per_call, environment, result_path
 
 DT = torch.bfloat16
 ROWS_ALONE, SESSIONS = 512, 8
@@ -221,7 +220,7 @@ def main() -> None:
         old = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(old)
     result: dict[str, Any] = {"probe": "pass_levers", **environment(), "old_kernels": args.old_kernels or None}
-    path = Path(args.out) / "pass_levers.json"
+    path = result_path(args.out, "pass_levers.json")
     for name, fn in (("qk_norm_rope", lambda: qk_norm_rope(old)), ("conv_silu", conv_silu),
                      ("attention", attention_rules), ("rms_norm", rms_norm), ("slots", slots)):
         try:

@@ -18,12 +18,11 @@ import itertools
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, SPREAD, _placed, random_08b
 from shadow.backends.qwen35.fast import FastForward
 from shadow.backends.qwen35.graphs import clone_state, same_state
@@ -111,7 +110,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     out = {"probe": "pipelined", **environment(), "rounds": args.rounds, "passes_a_round": args.passes, "rows": rows}
-    path = Path(args.out) / "pipelined.json"
+    path = result_path(args.out, "pipelined.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("->", path)
 

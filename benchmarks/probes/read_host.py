@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.read_rate import MODELS, _write_model
 from shadow.backends.qwen35 import Qwen35
 from shadow.backends.qwen35.fast import FastForward
@@ -69,8 +69,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     out = {"probe": "read_host", **environment(), "device": "cpu (host code only)", "passes": args.passes,
            "rows": rows}
-    path = Path(args.out) / "read_host.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = result_path(args.out, "read_host.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("->", path)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.read_rate import MODELS, _write_model
 from shadow.backends.qwen35 import Qwen35
 from shadow.backends.qwen35.fast import FastForward
@@ -108,7 +108,7 @@ def main() -> None:
     out = {"probe": "read_pass_ab", **environment(), "warm_up_s": warm, "rounds": args.rounds,
            "passes": args.passes, "rows": rows, "all_equal": all(r["equal"] for r in rows),
            "refused": {name: dict(fast.refused) for name, fast in forms.items()}}
-    path = Path(args.out) / "read_pass_ab.json"
+    path = result_path(args.out, "read_pass_ab.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("all equal:", out["all_equal"], "->", path)
 

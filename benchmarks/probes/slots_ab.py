@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-from benchmarks.common import environment
+from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, _case, random_08b
 from shadow.backends.qwen35 import slots
 from shadow.backends.qwen35.fast import FastForward
@@ -51,7 +50,7 @@ def main() -> None:
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
     out = {"probe": "slots_ab", **environment(), "rounds": args.rounds, "passes": args.passes, "rows": rows,
            "all_equal": all(r["equal"] for r in rows)}
-    path = Path(args.out) / "slots_ab.json"
+    path = result_path(args.out, "slots_ab.json")
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("all equal:", out["all_equal"], "->", path)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import keep_newest
+from benchmarks.common import keep_newest, result_path
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 # what a user runs; the other top-level modules are their parts (each says whose)
@@ -73,6 +73,18 @@ def test_a_new_run_moves_the_one_before_to_history(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "history" / "freshness_abcdef0.json").read_text())["commit"] == "abcdef0123"
     assert (tmp_path / "history" / "freshness_abcdef0.png").read_bytes() == b"png"
     keep_newest(tmp_path / "freshness.json")  # nothing there: nothing moves
+
+
+def test_a_result_path_makes_its_folder(tmp_path: Path) -> None:
+    path = result_path(tmp_path / "out" / "probe", "probe.json")
+    assert path == tmp_path / "out" / "probe" / "probe.json" and path.parent.is_dir()
+    assert result_path(tmp_path / "out" / "probe", "other.json").parent == path.parent  # an existing folder is fine
+
+
+@pytest.mark.parametrize("path", sorted((BENCH / "probes").glob("*.py")), ids=lambda p: p.stem)
+def test_each_probe_writes_through_result_path(path: Path) -> None:
+    """A device run's ``$OUT/name`` folder does not exist until a probe makes it."""
+    assert "Path(args.out) /" not in path.read_text(encoding="utf-8")
 
 
 def test_a_text_result_moves_to_history_under_its_first_lines_commit(tmp_path: Path) -> None:
