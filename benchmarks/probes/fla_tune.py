@@ -128,9 +128,16 @@ def _search(tuners: dict[str, Any], every: dict[str, list[Any]], start: dict[str
             inputs: dict[int, tuple[torch.Tensor, ...]], batches: list[int], out: Path) -> dict[str, Any]:
     """One round of coordinate descent from ``start``: each kernel in turn tries each of its
     configurations, the others held, and keeps the one that makes the largest batch's call fastest
-    without making the smallest batch's slower than at the start by more than 1 % (timing noise)."""
+    without making the smallest batch's slower than at the start by more than 1 % (timing noise).
+    Each trial also says, per batch size, whether the call's output and final state are bit for bit
+    the start's (``same_bits``): a configuration that keeps them could serve some batch sizes and
+    not others without a session's bits depending on its batch."""
     small, large = min(batches), max(batches)
     chosen = dict(start)
+
+    def same_bits(reference: dict[int, Any]) -> dict[str, bool]:
+        got: dict[int, Any] = {b: _call(inputs[b]) for b in batches}  # (output, final state)
+        return {str(b): all(torch.equal(x, y) for x, y in zip(got[b], reference[b], strict=True)) for b in batches}
 
     def timed() -> dict[str, float]:
         for name in every:
@@ -139,6 +146,7 @@ def _search(tuners: dict[str, Any], every: dict[str, list[Any]], start: dict[str
         return {str(b): _graph_us(inputs[b]) for b in batches}
 
     base = timed()
+    reference = {b: _call(inputs[b]) for b in batches}
     trials: list[dict[str, Any]] = []
     best = base
     for name in sorted(every, key=lambda n: -len(every[n])):
@@ -148,7 +156,7 @@ def _search(tuners: dict[str, Any], every: dict[str, list[Any]], start: dict[str
         for config in every[name]:
             chosen[name] = config
             us = timed()
-            trials.append({"kernel": name, "config": _config(config), "us": us})
+            trials.append({"kernel": name, "config": _config(config), "us": us, "same_bits": same_bits(reference)})
             if us[str(small)] <= base[str(small)] * 1.01 and us[str(large)] < best[str(large)]:
                 best, keep = us, config
         chosen[name] = keep
