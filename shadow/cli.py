@@ -213,7 +213,7 @@ def _listening(args: argparse.Namespace, command: str) -> tuple[Any, Any] | None
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """The service from settings (environment and serve.env), until interrupted."""
-    from shadow.adapters import allocator, collector
+    from shadow.adapters import allocator
     from shadow.api.app import create_app
     from shadow.api.server import keep_worker_threads, serve
 
@@ -223,15 +223,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if started is None:
         return 2
     settings, container = started
-    app = create_app(container)
-    collector.freeze_when_loaded(container.slot())  # after the service's own warm-up, registered by create_app
-    serve(app, settings.host, settings.port, log_level=args.log_level, on_exit=container.service().closing)
+    serve(create_app(container), settings.host, settings.port, log_level=args.log_level,
+          on_exit=container.service().closing)
     return 0
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
     """The OpenAI-compatible proxy in front of ``--upstream``, with the service's own routes."""
-    from shadow.adapters import allocator, collector
+    from shadow.adapters import allocator
     from shadow.api.server import serve
     from shadow.proxy import create_proxy_app
 
@@ -243,8 +242,6 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     settings, container = started
     app = create_proxy_app(args.upstream, container, timeout_s=args.timeout, engine=args.engine,
                            shadow_url=args.shadow)
-    if args.shadow is None:
-        collector.freeze_when_loaded(container.slot())
     # no Server or Date header of the proxy's own: the client gets the upstream's headers as they were
     serve(app, settings.host, settings.port, log_level=args.log_level,
           on_exit=container.service().closing if args.shadow is None else None,

@@ -1,10 +1,10 @@
 """How long Python's collector stops a serving process, with and without what is loaded frozen
-(``shadow.adapters.collector``): the 64-agent replay of ``benchmarks/concurrency.py`` (the
-service's own schedulers and facade on a simulated clock, a reader that costs the read_rate file's
-time) run in two child processes that import what ``shadow serve`` imports, one of them calling
-``collector.freeze_loaded()`` before the replay. Per child: a full collection's time right after the
-imports, then every collection during the replay by generation (count, total and longest ms, from
-``gc.callbacks``). CPU only; the two children run at once.
+(``gc.freeze`` after a collection, as a server would once its model is warm): the 64-agent replay
+of ``benchmarks/concurrency.py`` (the service's own schedulers and facade on a simulated clock, a
+reader that costs the read_rate file's time) run in two child processes that import what ``shadow
+serve`` imports, one of them freezing before the replay. Per child: a full collection's time right
+after the imports, then every collection during the replay by generation (count, total and longest
+ms, from ``gc.callbacks``). CPU only; the two children run at once.
 
     python -m benchmarks.probes.gc_pauses --raw ../shared/data/sessions/raw --out DIR   # DIR/gc_pauses.json
 """
@@ -37,7 +37,6 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     import shadow.backends.reader
     import shadow.container  # noqa: F401
     from benchmarks import concurrency
-    from shadow.adapters import collector
 
     def timed_collect() -> float:
         t0 = time.perf_counter()
@@ -47,7 +46,9 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"freeze": args.freeze, "tracked": len(gc.get_objects()),
                            "full_collect_ms": [timed_collect() for _ in range(3)]}
     if args.freeze:
-        out["froze"] = collector.freeze_loaded()
+        gc.collect()
+        gc.freeze()
+        out["frozen"] = gc.get_freeze_count()
         out["full_collect_ms_frozen"] = [timed_collect() for _ in range(3)]
     pauses: list[tuple[int, float]] = []
     started: list[float] = []
