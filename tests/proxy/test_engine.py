@@ -94,6 +94,34 @@ def _dump(obj: Any) -> Any:
     return {k: v for k, v in obj.model_dump().items() if k not in VARYING}
 
 
+def _joined(into: dict[str, Any], delta: dict[str, Any]) -> None:
+    """``delta``'s fields added to ``into``: strings appended, tool calls merged by their index."""
+    for key, value in delta.items():
+        if key == "tool_calls" and value:
+            calls = into.setdefault(key, {})
+            for call in value:
+                _joined(calls.setdefault(call["index"], {}), {k: v for k, v in call.items() if k != "index"})
+        elif isinstance(value, dict):
+            _joined(into.setdefault(key, {}), value)
+        elif isinstance(value, str) and key not in ("role", "type", "id", "finish_reason"):
+            into[key] = into.get(key, "") + value
+        elif value is not None:
+            into[key] = value
+
+
+def _streamed(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a stream says, whatever its cut: each choice's deltas joined, and the last of every other
+    field. transformers serve cuts its text by timing (under load one event held "\n\n" that
+    another call of the same request sent as two), so two calls are compared by this; the proxy's
+    own relay is byte for byte (``test_proxy.py``)."""
+    out: dict[str, Any] = {"choices": {}}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            _joined(out["choices"].setdefault(choice["index"], {}), choice)
+        out.update({k: v for k, v in chunk.items() if k != "choices" and v is not None})
+    return out
+
+
 def _ask(client: openai.OpenAI, model: str, req: Any, stream: bool) -> Any:
     kw: dict[str, Any] = {"model": model, "messages": req.messages, "max_tokens": MAX_TOKENS}
     if req.tools:
@@ -101,7 +129,7 @@ def _ask(client: openai.OpenAI, model: str, req: Any, stream: bool) -> Any:
     if not stream:
         return _dump(client.chat.completions.create(**kw))
     chunks = client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
-    return [_dump(c) for c in chunks]
+    return _streamed([_dump(c) for c in chunks])
 
 
 def test_a_real_engine_behind_the_proxy(shared_data: Path, engine: Engine, stack: tuple[Stack, Tap]) -> None:
