@@ -36,7 +36,7 @@ PLAN = batch_mod.BatchPlan(sizes=(1, 8), depths=(0,), repeats=5, exact_sessions=
 def measure(folder: Path, rates: tuple[float, float]) -> dict[str, Any]:
     t0 = time.perf_counter()
     model = Qwen35.from_pretrained(folder, device="cuda", dtype="bfloat16")
-    loaded = torch.cuda.memory_allocated() if torch.cuda.is_available() else None  # the weights
+    loaded = torch.cuda.memory_allocated()  # the weights (main refuses to run without CUDA)
     reader = TorchReader(model, PLAN.grid, fast=True, spans=PLAN.spans)
     warm = reader.warm_up()
     report = reader.fast_report()
