@@ -3,7 +3,9 @@
 captures every size up to 16; a size it does not take is read as it plans it: ``passes``) and at
 three depth groups:
 0-2k (session b at 1024, 0, 2048, 512, 1536, ... ids: mixed depths in one batch), 32k and 100k;
-the attention kernel's rate at 32k and 100k (512 rows); and, on the same path in the same run, the
+the attention kernel's rate at 32k and 100k (512 rows): one ``attend`` call (``attention_layer``), and
+the form a read's pass holds, a table on the device in a CUDA graph, for 1 and 8 sessions
+(``attention_read``, each session's rows equal to its own call); and, on the same path in the same run, the
 exactness of batched reads: 16 sessions at mixed depths read in one batch equal each session read
 alone and a fresh prefill of its ids (``torch.equal`` on every tensor). Spans: one session reads
 its next k = 2, 4, 8, 16 chunks in one pass (``figure: "span_chunk"``, ``read_span``) from depth 0
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 
 from benchmarks import read_rate_floor as floor_mod
-from benchmarks.common import device_ms_per_call
+from benchmarks.common import captured, device_ms_per_call
 from shadow.backends.qwen35 import Qwen35, attention
 from shadow.backends.qwen35.graphs import clone_state, same_state
 from shadow.backends.reader import SessionTensors, TorchReader
@@ -163,7 +165,36 @@ def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any
                 continue
             out.append({"figure": "attention_layer" if tiles == TILES[0] else "attention_tiles", "depth": depth,
                         "rows": rows, "tiles": tiles, "ours_ms": ms, "tflops": flops / ms / 1e9})
+        if dev.type == "cuda":
+            out += [_attention_read(q, k, v, depth, o, flops, b) for b in (1, 8)]
     return out
+
+
+def _attention_read(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, depth: int, alone: torch.Tensor,
+                    flops: float, b: int) -> dict[str, Any]:
+    """The attention a read's pass runs (``figure: "attention_read"``): ``attend_table`` from a table
+    on the device, captured in a CUDA graph and replayed, for ``b`` sessions' 512-row chunks at
+    ``depth``, each over KV rows of its own (session 0's are ``k``, ``v``). On a Hopper this is
+    the warp-specialised kernel, where one ``attend`` call (``attention_layer``: questions, eager
+    chunks) takes ``attention_wg``'s launch. ``equal``: every session's rows ``torch.equal`` to its
+    own ``attend`` call (session 0's is ``alone``)."""
+    cfg_heads = q.shape[1]
+    gen = torch.Generator(device=q.device).manual_seed(depth + b)
+    kvs = [(k, v)] + [tuple(torch.randn(k.shape, device=k.device, generator=gen).to(k.dtype) for _ in range(2))
+                      for _ in range(b - 1)]
+    table = torch.tensor([attention.table_row(depth, q.shape[0], cfg_heads, ke, ve) for ke, ve in kvs],
+                         dtype=torch.int64, device=q.device)
+    qs = q.repeat(b, 1, 1).contiguous()
+    out = torch.zeros_like(qs)
+    graph = captured(lambda: attention.attend_table(qs, table, k, out))
+    ms = device_ms_per_call(graph.replay)
+    equal = torch.equal(out[: q.shape[0]], alone)
+    for e in range(1, b):
+        mine = torch.empty_like(q)
+        attention.attend(q, kvs[e][0], kvs[e][1], depth, mine)
+        equal = equal and torch.equal(out[e * q.shape[0]: (e + 1) * q.shape[0]], mine)
+    return {"figure": "attention_read", "batch": b, "depth": depth, "rows": q.shape[0], "ours_ms": ms / b,
+            "pass_ms": ms, "tflops": b * flops / ms / 1e9, "equal": equal}
 
 
 def _busy(reader: TorchReader, b: int, depth: int) -> dict[str, Any]:
