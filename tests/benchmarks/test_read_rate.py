@@ -99,3 +99,32 @@ def test_attention_counts_causal_keys_and_bytes_count_every_weight_once():
     assert with_logits.bytes - c.bytes == cfg.vocab_size * cfg.hidden_size  # the tied head, read once
     assert floor.cost(cfg, 512, 0, logits=False, elem_bytes=2).floor_ms(7e14, 4e12)[1] == "flops"
     assert floor.cost(cfg, 1, d, logits=True, elem_bytes=2).floor_ms(7e14, 4e12)[1] == "bytes"
+
+
+def test_attention_read_compares_each_session_with_its_own_call(monkeypatch):
+    """``attention_read`` times the table form a read's pass runs; its ``equal`` must hold where every
+    session's rows are its own ``attend`` call's, and fail where one is not (on the CPU: the Triton
+    kernel under the interpreter, the graph replaced by calling the launch)."""
+    from benchmarks import read_rate_batch
+    from shadow.backends.qwen35 import attention
+
+    class Eager:
+        def __init__(self, launch):
+            self.replay = launch
+            launch()
+
+    monkeypatch.setattr(read_rate_batch, "captured", Eager)
+    monkeypatch.setattr(read_rate_batch, "device_ms_per_call", lambda fn: (fn(), 2.0)[1])
+    gen = torch.Generator().manual_seed(3)
+    depth, rows = 128, 64
+    q = torch.randn(rows, 8, 32, generator=gen)
+    k, v = (torch.randn(depth + rows, 2, 32, generator=gen) for _ in range(2))
+    alone = torch.empty_like(q)
+    attention.attend(q, k, v, depth, alone)
+
+    row = read_rate_batch._attention_read(q, k, v, depth, alone, flops=1e9, b=3)
+    assert row["equal"] and row["pass_ms"] == 2.0 and row["ours_ms"] == 2.0 / 3
+    assert row["tflops"] == 3 * 1e9 / 2.0 / 1e9
+    wrong = alone.clone()
+    wrong[0, 0, 0] += 1
+    assert not read_rate_batch._attention_read(q, k, v, depth, wrong, flops=1e9, b=1)["equal"]
