@@ -166,6 +166,8 @@ def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any
             out.append({"figure": "attention_layer" if tiles == TILES[0] else "attention_tiles", "depth": depth,
                         "rows": rows, "tiles": tiles, "ours_ms": ms, "tflops": flops / ms / 1e9})
         if dev.type == "cuda":
+            # ``o`` holds the last lead's output (other tiles, another split rule): compare with the shipped call
+            attention.attend(q, k, v, depth, o)
             out += [_attention_read(q, k, v, depth, o, flops, b) for b in (1, 8)]
     return out
 
