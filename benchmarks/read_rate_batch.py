@@ -180,22 +180,22 @@ def _attention_read(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, depth: in
     the warp-specialised kernel, where one ``attend`` call (``attention_layer``: questions, eager
     chunks) takes ``attention_wg``'s launch. ``equal``: every session's rows ``torch.equal`` to its
     own ``attend`` call (session 0's is ``alone``)."""
-    cfg_heads = q.shape[1]
+    n, heads = q.shape[0], q.shape[1]
     gen = torch.Generator(device=q.device).manual_seed(depth + b)
     kvs = [(k, v)] + [tuple(torch.randn(k.shape, device=k.device, generator=gen).to(k.dtype) for _ in range(2))
                       for _ in range(b - 1)]
-    table = torch.tensor([attention.table_row(depth, q.shape[0], cfg_heads, ke, ve) for ke, ve in kvs],
-                         dtype=torch.int64, device=q.device)
+    table = torch.tensor([attention.table_row(depth, n, heads, ke, ve) for ke, ve in kvs], dtype=torch.int64,
+                         device=q.device)
     qs = q.repeat(b, 1, 1).contiguous()
     out = torch.zeros_like(qs)
     graph = captured(lambda: attention.attend_table(qs, table, k, out))
     ms = device_ms_per_call(graph.replay)
-    equal = torch.equal(out[: q.shape[0]], alone)
+    equal = torch.equal(out[:n], alone)
     for e in range(1, b):
         mine = torch.empty_like(q)
         attention.attend(q, kvs[e][0], kvs[e][1], depth, mine)
-        equal = equal and torch.equal(out[e * q.shape[0]: (e + 1) * q.shape[0]], mine)
-    return {"figure": "attention_read", "batch": b, "depth": depth, "rows": q.shape[0], "ours_ms": ms / b,
+        equal = equal and torch.equal(out[e * n: (e + 1) * n], mine)
+    return {"figure": "attention_read", "batch": b, "depth": depth, "rows": n, "ours_ms": ms / b,
             "pass_ms": ms, "tflops": b * flops / ms / 1e9, "equal": equal}
 
 
