@@ -283,6 +283,46 @@ def test_device_decode_equals_the_token_by_token_loop(checkpoints):
     assert state.length == 64
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_forks_through_a_table_give_the_piecewise_bits_from_16_rows(checkpoints, dtype):
+    """A fork's pass from a one-entry table (its graph's form) against the piecewise pass: from 16
+    rows the same kernel on the same numbers, so the same logits and scratch KV rows bit for bit, a
+    question longer than the grid included; below 16 rows (a decode step, a small question) the
+    piecewise pass takes torch's attention, so the two agree to rounding (fp32) and each decodes as
+    its own token-by-token loop. The committed rows and state stay as they were either way."""
+    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.graphs import clone_state, same_state
+
+    model = Qwen35.from_pretrained(checkpoints[dtype], device=DEV, dtype=dtype)
+    ids = torch.randint(0, 248000, (64 + 90,), generator=torch.Generator().manual_seed(21)).tolist()
+    forms = {}
+    for tables in (True, False):
+        ff = FastForward(model, grid=64)
+        ff.fork_tables = tables
+        assert ff.whole_forks is tables
+        state = model.new_state()
+        ff.read_chunk(torch.tensor(ids[:64]), state)
+        before = clone_state(state)
+        got = {}
+        for n in (1, 5, 20, 40, 64, 90):  # sizes 1, 8, 32, 64, 64 and a pass of 64 then one of 32
+            fork = ff.fork(ids[64:64 + n], state)
+            assert fork.logits is not None
+            got[n] = (fork.logits.clone(), state.k[-1][64:64 + n].clone())
+            fork.close()
+        fork = ff.fork(ids[64:70], state)
+        got["decode"] = fork.decode(4, stop=set())
+        fork.close()
+        assert same_state(state, before)
+        forms[tables] = got
+    for n in (20, 40, 64, 90):
+        assert torch.equal(forms[True][n][0], forms[False][n][0]), f"{n} ids: logits differ"
+        assert torch.equal(forms[True][n][1], forms[False][n][1]), f"{n} ids: K rows differ"
+    if dtype == "float32":
+        for n in (1, 5):
+            _close(forms[True][n][0], forms[False][n][0], 1e-5)
+        assert forms[True]["decode"] == forms[False]["decode"]
+
+
 def test_batched_read_equals_each_session_read_alone(checkpoints):
     """A batch mixing a session just rolled back, a deep one and a new one reads each of them as
     ``read_chunk`` reads it alone, bit for bit (tensors and checkpoints); 3 sessions, a size the

@@ -1,9 +1,9 @@
 """The warm start on the CPU, under Triton's interpreter (where ``warm_paths`` itself does nothing:
-nothing compiles there), its two steps called here: the attention launched at the depths of each
-of its variants for every captured row count, and a scratch session through the reader's calls,
-leaving the reading exact; Triton's cache goes under DIR unless the user set
-it; and ``benchmarks/warm_start.py`` walks every step it times on the GPU (tests/backends/
-test_warm_start.py), so a Python error shows here first. No timing is judged here."""
+nothing compiles there), its two steps called here: where forks run piecewise, the attention
+launched at the depths of each of its variants for every captured row count, and a scratch session
+through the reader's calls, leaving the reading exact; Triton's cache goes under DIR unless the
+user set it; and ``benchmarks/warm_start.py`` walks every step it times on the GPU
+(tests/backends/test_warm_start.py), so a Python error shows here first. No timing is judged here."""
 
 from __future__ import annotations
 
@@ -34,10 +34,18 @@ def fast_shadow(model: Path, home: Path) -> object:
                                        disk="off", fast="on", dir=str(home)))
 
 
+def test_forks_through_a_table_leave_no_attention_call_to_warm(model: Path, tmp_path: Path) -> None:
+    """A fork's pass from a table compiles its kernel when captured: nothing depends on the depth."""
+    fast = fast_shadow(model, tmp_path).reader.fast  # type: ignore[attr-defined]
+    assert fast.whole_forks and warm.attention_sizes(fast) == [] and warm._attention_variants(fast) == 0
+
+
 def test_every_attention_variant_is_launched_at_each_captured_row_count(model: Path, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where forks run piecewise, each of their row counts calls ``attend`` at every variant's depth."""
     sh = fast_shadow(model, tmp_path)
     fast = sh.reader.fast  # type: ignore[attr-defined]
+    fast.fork_tables = False
     launched: dict[int, set[str]] = {}
     real = attention.attend
 

@@ -5,16 +5,16 @@ A read's pass (``grid`` rows a session, or a span's ``k * grid``) is one capture
 depth and every set of sessions: its attention reads each chunk's start, split rule and KV
 addresses from a table staged with its ids (``attention.attend_table``, ``write_rows``), so each
 session's KV rows stay in its own buffers, growing in 8,192-row steps: no reservation of a maximum
-length, no paging. A fork (questions, decode) runs piecewise graphs around attention, which runs
-eagerly between them over the session's rows: through our kernel for 16 rows or more, torch's
-flash kernel below (``attention.py``). Neither sizes anything from a buffer's capacity, which
-would change bits as the buffer grew.
+length, no paging. A fork's pass (questions, decode) is one graph too, with a one-entry table
+(``fork.py``); where our kernel does not serve the grid, both run piecewise graphs around attention,
+which runs eagerly between them (``piecewise.py``). Neither sizes anything from a buffer's capacity,
+which would change bits as the buffer grew.
 
 Per-session state that the graphs touch lives in static buffers: the conv and recurrent state of
 ``max_batch`` slots, copied in before a forward and, for a chunk that commits, copied out after it
 (about 19 MB each way a session at 0.8B; a read's sessions in one launch a kind inside its graph,
-``slots.py``). KV rows are written straight into each session's own buffers, inside a read's graph
-or eagerly between a fork's pieces (``piecewise.py``). A fork (question, decode; ``fork.py``) uses
+``slots.py``). KV rows are written straight into each session's own buffers, inside a pass's graph
+or eagerly between a piecewise pass's pieces (``piecewise.py``). A fork (question, decode; ``fork.py``) uses
 slot 0 and copies in, never out, so the committed state is untouched by construction. A pass's
 inputs cross in one copy from pinned host memory (``staging.py``).
 
@@ -147,6 +147,7 @@ class FastForward:
         # A read's pass is captured whole: its attention reads each chunk's start and KV addresses
         # from a table on the device (``attention.attend_table``), where our kernel serves the grid.
         self.table_reads = attention.fits(grid, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.fork_tables = True  # and a fork's pass likewise (``whole_forks``; off: piecewise, for the probes)
         self._kv_like = torch.empty(1, cfg.num_key_value_heads, cfg.head_dim, device=self.device, dtype=model.dtype)
         self.pool: Any = None
         self.capture_s = 0.0
@@ -190,6 +191,11 @@ class FastForward:
         """Per batch size: "ok" once checked (1 needs no check), "unchecked" before, else why refused."""
         return {b: self.refused.get(b, "ok" if self.check_s or b == 1 else "unchecked") for b in self.batches}
 
+    @property
+    def whole_forks(self) -> bool:
+        """Whether a fork's pass takes its attention from a table, its layers one graph (``fork.py``)."""
+        return self.table_reads and self.fork_tables
+
     def _size_for(self, n: int) -> int:
         return next(s for s in self.sizes if s >= n)
 
@@ -203,7 +209,8 @@ class FastForward:
         rows = self.rows.get((n, seg, read))
         if rows is None:
             cfg = self.cfg
-            table = (self.n_attn, n // self.grid, attention.TABLE_FIELDS) if read else ()
+            entries = n // self.grid if read else 1 if self.whole_forks else 0
+            table = (self.n_attn, entries, attention.TABLE_FIELDS) if entries else ()
             attn = self._shared("attn", n * cfg.num_attention_heads * cfg.head_dim).view(n, -1, cfg.head_dim)
             rows = Rows.make(n, seg, attn, self.device, table)
             if self._chunked(n):  # the solve writes the same blocks of a row at any row count
@@ -423,13 +430,6 @@ class FastForward:
         return Fork(self, state, state.length).extend(ids)
 
     # ---- capture -------------------------------------------------------------------------------
-
-    def pieces(self, n: int) -> int:
-        """How many graphs a row count runs: a batched read's (more than ``grid`` rows) needs no
-        logits, and no last piece when the read stops early."""
-        if n <= self.grid:
-            return self.n_attn + 2
-        return self.n_attn + (0 if self.read_stops_early else 1)
 
     def warm_up(self) -> float:
         """Choose the MLP's form per read row count, capture every row count's pieces (CUDA only),

@@ -1,7 +1,18 @@
 """A fork above a session's committed rows (a question, a narrator's decode) on the fast path: its
 ids go through whole-grid passes and one padded pass of the smallest captured size that holds the
 rest, on the static conv and recurrent buffers (slot 0), so the session's own conv and recurrent
-tensors are never written; its KV rows above the committed ones are scratch."""
+tensors are never written; its KV rows above the committed ones are scratch.
+
+Where a read's attention comes from a table (``FastForward.whole_forks``), a fork's pass does too:
+its layers are one captured graph and its logits another, with a one-entry table staged per pass
+(the fork's start, its split rule and the session's KV addresses). Piecewise, a decode step on an
+H100 spent 1.72 ms a token at 32k (issue 8's bound is 2), most of it the host launching six eager
+attention calls and the pieces between them, against a device floor of about 0.5
+(``benchmarks/probes/fork_whole_ab.py`` measures both forms in one process). From 16 rows the
+table's kernel gives ``attend``'s bits, so a question's logits are the piecewise form's; a decode
+step's one row, which piecewise takes torch's flash kernel, takes ours too (its split rule a
+function of the depth alone, as everywhere).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import piecewise
+from . import attention, piecewise
+from .staging import Rows, read_table
 from .state import ModelState
 
 if TYPE_CHECKING:
@@ -33,7 +45,7 @@ class Fork:
             size = fast._size_for(take)
             piece = ids[pos:pos + take] + [0] * (size - take)  # padding: any valid id, masked out
             batch = torch.tensor(piece, dtype=torch.long)
-            self.logits = piecewise.run(fast, batch, [state], take, logits=pos + take == len(ids))
+            self.logits = run(fast, batch, state, take, logits=pos + take == len(ids))
             state.length += take
             pos += take
         return self
@@ -57,9 +69,42 @@ class Fork:
                 if len(out) == max_new:
                     return out
             step = queued[-1] if queued else torch.tensor([out[-1]])
-            self.logits = piecewise.run(fast, step, [state], 1, logits=True)
+            self.logits = run(fast, step, state, 1, logits=True)
             state.length += 1
         return out
 
     def close(self) -> None:
         self.state.truncate(self.committed)
+
+
+def run(fast: FastForward, ids: torch.Tensor, state: ModelState, real: int, logits: bool) -> torch.Tensor | None:
+    """One pass of a fork: ``ids`` (a captured fork size, the first ``real`` of them real) at the
+    state's length, on slot 0. Returns the logits of the last real row if asked."""
+    if not fast.whole_forks:
+        return piecewise.run(fast, ids, [state], real, logits=logits)
+    r = fast._rows_for(ids.shape[0])
+    start = state.length
+    state.reserve(start + r.n)
+    cfg = fast.cfg
+    r.stage(ids, [start], real, read_table([state], [start], r.n, r.n, fast.n_attn, cfg.num_attention_heads,
+                                            fast._kv_like))
+    if r.whole is not None:
+        r.whole.replay()
+        if logits:
+            r.graphs[0].replay()
+    else:
+        layers(fast, r)
+        if logits:
+            fast._logits(r)
+    return r.logits if logits else None
+
+
+def layers(fast: FastForward, r: Rows) -> None:
+    """A fork's pass as its graph holds it: the pieces, and between them each attention layer's K
+    and V rows written above the committed ones and attended to, through the staged table."""
+    for j in range(fast.n_attn):
+        fast._piece(r, j)
+        q, k, v = r.qkv[j]
+        attention.write_rows(k, v, r.table[j])
+        attention.attend_table(q, r.table[j], fast._kv_like, r.attn)
+    fast._piece(r, fast.n_attn)

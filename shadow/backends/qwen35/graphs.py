@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import attention, attention_kernel
+from . import fork as fork_pass
 from .staging import stacked
 from .state import ModelState
 
@@ -64,10 +65,10 @@ def capture(fast: FastForward) -> None:
         for n, seg, read in sorted(fast.shapes, reverse=True):
             r = fast._rows_for(n, seg, read)
             r.valid.fill_(1)  # the capture's runs write scratch rows only
-            if read:
-                _capture_whole(fast, r, stream)
+            if read or fast.whole_forks:
+                _capture_whole(fast, r, stream, fork=not read)
                 continue
-            pieces = fast.pieces(n)
+            pieces = _pieces(fast, n)
             with torch.cuda.stream(stream):  # compile every kernel and settle the allocator first
                 for j in range(pieces):
                     fast._run(r, j)
@@ -84,31 +85,56 @@ def capture(fast: FastForward) -> None:
     fast.capture_bytes = torch.cuda.memory_reserved(dev) - reserved_before
 
 
-def _capture_whole(fast: FastForward, r: Any, stream: Any) -> None:
-    """A read's pass as one graph. Its first run (which compiles the kernels and settles the
-    allocator) needs a table that points somewhere: each entry gets grid rows of one scratch
-    buffer, dropped after the capture (a replay reads the table staged for it). What the graph
-    computes in passing (the stream, q, k, v) is dropped after it too, so that the next (smaller)
-    capture reuses that memory of the pool: the graphs never run at once and none reads another's
-    work, which is what sharing a pool asks (pytorch/pytorch#166975; vLLM captures its batch sizes
-    so)."""
+def _pieces(fast: FastForward, n: int) -> int:
+    """How many graphs a piecewise row count runs: a batched read's (more than ``grid`` rows) needs
+    no logits, and no last piece when the read stops early."""
+    if n <= fast.grid:
+        return fast.n_attn + 2
+    return fast.n_attn + (0 if fast.read_stops_early else 1)
+
+
+def _capture_whole(fast: FastForward, r: Any, stream: Any, fork: bool = False) -> None:
+    """A read's or a fork's pass as one graph (a fork's logits as a second one, replayed when
+    asked). Its first run (which compiles the kernels and settles the allocator) needs a table that
+    points somewhere: each entry gets its rows of one scratch buffer, dropped after the capture (a
+    replay reads the table staged for it). What the graph computes in passing (the stream, q, k, v)
+    is dropped after it too, so that the next (smaller) capture reuses that memory of the pool: the
+    graphs never run at once and none reads another's work, which is what sharing a pool asks
+    (pytorch/pytorch#166975; vLLM captures its batch sizes so). A fork's last hidden rows stay: its
+    logits graph reads them."""
     dev, cfg, entries = fast.device, fast.cfg, r.table_shape[1]
-    scratch = torch.zeros(2, entries * fast.grid, cfg.num_key_value_heads, cfg.head_dim, device=dev,
-                          dtype=fast.model.dtype)
+    each = r.n // entries
+    scratch = torch.zeros(2, r.n, cfg.num_key_value_heads, cfg.head_dim, device=dev, dtype=fast.model.dtype)
     rows = []
     for e in range(entries):
-        k, v = (t[e * fast.grid:(e + 1) * fast.grid] for t in scratch)
-        rows += attention.table_row(0, fast.grid, cfg.num_attention_heads, k, v)
+        k, v = (t[e * each:(e + 1) * each] for t in scratch)
+        rows += attention.table_row(0, each, cfg.num_attention_heads, k, v)
     r.table.copy_(torch.tensor(rows * fast.n_attn, device=dev).view(r.table_shape))
+
+    def run() -> None:
+        if fork:
+            fork_pass.layers(fast, r)
+        else:
+            fast._read_eager(r)
+
     with torch.cuda.stream(stream):
-        fast._read_eager(r)
+        run()
+        if fork:
+            fast._logits(r)
     torch.cuda.current_stream(dev).wait_stream(stream)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, pool=fast.pool, stream=stream):
-        fast._read_eager(r)
-    torch.cuda.synchronize(dev)
+        run()
     r.whole = g
-    r.h = r.delta = r.proj = None
+    if fork:
+        logits = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(logits, pool=fast.pool, stream=stream):
+            fast._logits(r)
+        r.graphs = [logits]
+    torch.cuda.synchronize(dev)
+    if not fork:
+        r.h = r.delta = None
+    r.proj = None
     r.qkv.clear()
 
 

@@ -1,5 +1,6 @@
-"""A pass as captured pieces with attention run eagerly between them: a fork's passes (questions,
-decode), and every read where our kernel does not serve the grid (then a read runs piecewise too).
+"""A pass as captured pieces with attention run eagerly between them: every pass (a fork's, a
+read's) where our kernel does not serve the grid, and a fork's where ``FastForward.fork_tables`` is
+off (the probes' baseline).
 
 Each session's K and V rows are written into its own buffers, and each chunk attends over its own
 session's rows in a call of its own, so that its split rule sees that chunk's depth alone. Passes

@@ -4,7 +4,8 @@ need it (``warm_paths``, from ``TorchReader.warm_up``, after the graphs are capt
 Capturing the graphs runs the pieces of every row count, but not what runs eagerly between and
 after them, and some of that compiles or loads on first use:
 
-- our attention kernel (``attention.py``) for passes of 16 rows or more. Triton compiles one
+- our attention kernel (``attention.py``) for piecewise passes of 16 rows or more (a pass from a
+  table compiled its kernel when captured). Triton compiles one
   variant per ``SPLIT`` (a pass whose keys fit one split, and one that splits them), and per
   integer argument that is a multiple of 16 or not: the merge's split count is one. Which variant
   a pass takes depends on its depth, so the first chunk past ``MIN_SPLIT`` keys compiled the
@@ -54,9 +55,13 @@ def split_classes(rows: int, heads: int, kv_heads: int, grid: int, bm: int, most
 
 
 def attention_sizes(fast: FastForward) -> list[int]:
-    """The row counts our attention kernel takes: the captured sizes up to the grid that fit it (a
-    batch pass attends per session, one grid of rows each, so its larger row counts never reach it)."""
+    """The row counts our attention kernel takes in a call of its own: the captured sizes up to the
+    grid that fit it, where forks run piecewise (a batch pass attends per session, one grid of rows
+    each, so its larger row counts never reach it); none where every pass reads a table in a graph,
+    whose capture compiled it."""
     cfg = fast.cfg
+    if fast.whole_forks:
+        return []
     return [n for n in fast.sizes if n <= fast.grid
             and attention.fits(n, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)]
 
