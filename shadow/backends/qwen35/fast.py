@@ -366,22 +366,25 @@ class FastForward:
         if r.whole is not None:
             r.whole.replay()
         else:
-            self._read_eager(r)
+            self._table_pass(r)
 
-    def _read_eager(self, r: Rows) -> None:
-        """A read's pass as its graph holds it: the pieces, and between them each layer's K and V
-        rows written and attended to through the table; the staged sessions' states moved into their
-        slots first and back last."""
-        slots.move(self, r, into=True)
+    def _table_pass(self, r: Rows, read: bool = True) -> None:
+        """A pass as its graph holds it: the pieces, and between them each layer's K and V rows
+        written and attended to through the table; a read's staged states moved into their slots
+        first and back last (a fork's stay in slot 0), and a read stops early where it may."""
+        stop = read and self.read_stops_early
+        if read:
+            slots.move(self, r, into=True)
         for j in range(self.n_attn):
             self._piece(r, j)
             q, k, v = r.qkv[j]
             attention.write_rows(k, v, r.table[j])
-            if not (self.read_stops_early and j == self.n_attn - 1):
+            if not (stop and j == self.n_attn - 1):
                 attention.attend_table(q, r.table[j], self._kv_like, r.attn)
-        if not self.read_stops_early:
+        if not stop:
             self._piece(r, self.n_attn)
-        slots.move(self, r, into=False)
+        if read:
+            slots.move(self, r, into=False)
 
     # ---- what the reader calls -------------------------------------------------------------
 

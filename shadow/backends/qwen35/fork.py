@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import attention, piecewise
-from .staging import Rows, read_table
+from . import piecewise
+from .staging import read_table
 from .state import ModelState
 
 if TYPE_CHECKING:
@@ -94,18 +94,8 @@ def run(fast: FastForward, ids: torch.Tensor, state: ModelState, real: int, logi
         if logits:
             r.graphs[0].replay()
     else:
-        layers(fast, r)
+        fast._table_pass(r, read=False)
         if logits:
             fast._logits(r)
     return r.logits if logits else None
 
-
-def layers(fast: FastForward, r: Rows) -> None:
-    """A fork's pass as its graph holds it: the pieces, and between them each attention layer's K
-    and V rows written above the committed ones and attended to, through the staged table."""
-    for j in range(fast.n_attn):
-        fast._piece(r, j)
-        q, k, v = r.qkv[j]
-        attention.write_rows(k, v, r.table[j])
-        attention.attend_table(q, r.table[j], fast._kv_like, r.attn)
-    fast._piece(r, fast.n_attn)

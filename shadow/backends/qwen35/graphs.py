@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import attention, attention_kernel
-from . import fork as fork_pass
 from .staging import stacked
 from .state import ModelState
 
@@ -110,21 +109,14 @@ def _capture_whole(fast: FastForward, r: Any, stream: Any, fork: bool = False) -
         k, v = (t[e * each:(e + 1) * each] for t in scratch)
         rows += attention.table_row(0, each, cfg.num_attention_heads, k, v)
     r.table.copy_(torch.tensor(rows * fast.n_attn, device=dev).view(r.table_shape))
-
-    def run() -> None:
-        if fork:
-            fork_pass.layers(fast, r)
-        else:
-            fast._read_eager(r)
-
     with torch.cuda.stream(stream):
-        run()
+        fast._table_pass(r, read=not fork)
         if fork:
             fast._logits(r)
     torch.cuda.current_stream(dev).wait_stream(stream)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, pool=fast.pool, stream=stream):
-        run()
+        fast._table_pass(r, read=not fork)
     r.whole = g
     if fork:
         logits = torch.cuda.CUDAGraph()
