@@ -1,9 +1,9 @@
-# Two entry points: `make demo` and `make test`. Each sets up .venv on first use.
+# Two entry points: `make demo` and `make test` (`make check`: the inner loop, without the slow tests). Each sets up .venv on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint
+.PHONY: demo test check lint
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,3 +21,7 @@ lint: $(BIN)/.installed
 
 test: lint
 	$(BIN)/pytest -q -n auto
+
+# the inner loop: lint and every test but those marked slow (under 4 minutes on 2 cores)
+check: lint
+	$(BIN)/pytest -q -n auto -m "not slow"
