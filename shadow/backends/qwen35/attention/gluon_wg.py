@@ -30,8 +30,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from . import triton as tri
-from .triton import TritonAttention
 from .gluon import BN, consume_tiles, descriptor, kv_layout, store_rows, tma_load
+from .triton import TritonAttention
 
 BM = 64  # the Triton kernel's rows a program (the shipped backend takes 128: ``Warpgroups``)
 STAGES = 3
@@ -200,7 +200,9 @@ class WarpgroupAttention(TritonAttention):
         return device_type == "cuda" and dtype == torch.bfloat16 and head_dim == 256
 
     def block_rows(self, device_type: str, dtype: torch.dtype, head_dim: int) -> int:
-        return self.BM if self.serves(device_type, dtype, head_dim) else super().block_rows(device_type, dtype, head_dim)
+        if self.serves(device_type, dtype, head_dim):
+            return self.BM
+        return super().block_rows(device_type, dtype, head_dim)
 
     def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor) -> Any:
         if self.serves(q.device.type, q.dtype, q.shape[2]):

@@ -24,10 +24,10 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from .table import check_kv
 from . import triton as tri
 from .gluon import BN, consume_tiles, kv_layout, store_rows, tma_load
 from .gluon_wg import WarpgroupAttention
+from .table import check_kv
 
 ROWS = 64  # a consumer warpgroup's query rows; a program has two
 _ROWS, _BN = gl.constexpr(ROWS), gl.constexpr(BN)  # as the kernels read them
