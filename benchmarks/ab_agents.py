@@ -47,8 +47,9 @@ class BatchDecoder:
 
     def __init__(self, model: Qwen35, grid: int, agents: int, max_len: int) -> None:
         from shadow.backends.qwen35 import kernels
-        from shadow.backends.qwen35.fast import FastForward
-        from shadow.backends.qwen35.staging import Rows
+        from shadow.backends.qwen35.fast.forward import FastForward
+        from shadow.backends.qwen35.fast.slots import StateSlots
+        from shadow.backends.qwen35.fast.staging import Rows
 
         if model.device.type != "cuda":
             raise SystemExit("--agents needs CUDA: the batched decode step is a captured graph")
@@ -63,13 +64,12 @@ class BatchDecoder:
         self.k = [torch.zeros(shape, device=dev, dtype=dt) for _ in cfg.full_layers]
         self.v = [torch.zeros(shape, device=dev, dtype=dt) for _ in cfg.full_layers]
         # every agent's conv and recurrent state in its own slot, for good: no copies per step
-        self.conv = torch.zeros(len(cfg.linear_layers), agents, *self.fast.conv_all.shape[2:], device=dev, dtype=dt)
-        self.rec = torch.zeros(len(cfg.linear_layers), agents, *self.fast.rec_all.shape[2:], device=dev,
-                               dtype=torch.float32)
+        self.own = StateSlots(cfg, agents, grid, dev, dt)
+        self.conv, self.rec = self.own.conv, self.own.recurrent
         self.fresh = ModelState.empty(cfg, dev, dt)  # a new sequence's conv and recurrent state (read only)
         self.lengths = [0] * agents
         self.rows = Rows.make(agents, 1, torch.zeros(agents, cfg.num_attention_heads, hd, device=dev, dtype=dt), dev)
-        if self.fast._chunked(agents):
+        if self.fast.chunked(agents):
             self.rows.solve = torch.zeros(1, agents, cfg.linear_num_value_heads, kernels.FLA_CHUNK, device=dev,
                                           dtype=dt)
         self.positions = torch.arange(self.max_len, device=dev)
@@ -89,39 +89,25 @@ class BatchDecoder:
         r.starts.zero_()
         stream = torch.cuda.Stream(dev)  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream(dev))
-        with self._own_slots():
+        with self.fast.on_slots(self.own):  # the step's graph keeps the agents' slots' addresses
             for rows in range(self.max_len, 0, -BUCKET):  # largest first: the pool is shared
                 with torch.cuda.stream(stream):
                     self._step(rows)  # compile and settle the allocator first
                 torch.cuda.current_stream(dev).wait_stream(stream)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=self.fast.pool, stream=stream):
+                with torch.cuda.graph(g, pool=self.fast.graphs.pool, stream=stream):
                     self._step(rows)
                 self.graphs[rows] = g
         _sync(dev)
         self.capture_s = time.perf_counter() - t0
         return self.capture_s
 
-    def _own_slots(self) -> Any:
-        """The fast path's pieces read ``conv_all``/``rec_all``: point them at the agents' slots while
-        the step is captured (the graph keeps those addresses), then back."""
-        fast, mine = self.fast, self
-
-        class Swap:
-            def __enter__(self) -> None:
-                self.saved = fast.conv_all, fast.rec_all
-                fast.conv_all, fast.rec_all = mine.conv, mine.rec
-
-            def __exit__(self, *exc: object) -> None:
-                fast.conv_all, fast.rec_all = self.saved
-        return Swap()
-
     def _step(self, rows: int) -> None:
         fast, r, cfg = self.fast, self.rows, self.model.config
         kvh, hd = cfg.num_key_value_heads, cfg.head_dim
         group = cfg.num_attention_heads // kvh
         for j in range(fast.n_attn):
-            fast._piece(r, j)
+            fast.piece(r, j)
             q, k, v = r.qkv[j]
             starts = r.starts
             self.k[j].index_put_((self.slots, starts), k)
@@ -133,7 +119,7 @@ class BatchDecoder:
                 scores = torch.bmm(q4[:, h], self.k[j][:, :rows, h].transpose(1, 2)).float() * hd ** -0.5
                 p = scores.masked_fill_(hidden, float("-inf")).softmax(-1).to(q.dtype)
                 out[:, h].copy_(torch.bmm(p, self.v[j][:, :rows, h]))
-        fast._piece(r, fast.n_attn)
+        fast.piece(r, fast.n_attn)
         assert r.h is not None and r.delta is not None
         x = torch.empty_like(r.h)
         from shadow.backends.qwen35 import kernels
@@ -150,8 +136,8 @@ class BatchDecoder:
         if len(ids) + self.grid > self.max_len:
             raise ValueError(f"a prompt of {len(ids)} ids does not fit max_len {self.max_len}")
         fork = self.fast.fork(list(ids), state)
-        self.conv[:, slot].copy_(self.fast.conv_all[:, 0])
-        self.rec[:, slot].copy_(self.fast.rec_all[:, 0])
+        self.conv[:, slot].copy_(self.fast.slots.conv[:, 0])
+        self.rec[:, slot].copy_(self.fast.slots.recurrent[:, 0])
         self.lengths[slot] = len(ids)
         assert fork.logits is not None
         return int(fork.logits.reshape(-1, fork.logits.shape[-1])[-1].argmax())

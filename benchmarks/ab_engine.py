@@ -32,7 +32,7 @@ from shadow.backends.qwen35.config import reference_shape
 from shadow.core.host import Host
 
 if TYPE_CHECKING:  # importing it here would import Triton on the CPU path
-    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.fast.forward import FastForward
 
 SHAPES: dict[str, Callable[[], dict[str, Any]]] = {
     "9b": lambda: reference_shape("9B"), "4b": lambda: reference_shape("4B"), "2b": lambda: reference_shape("2B"),
@@ -61,7 +61,7 @@ class MainModel:
         self.device = model.device
         self.fast: FastForward | None = None
         if fast:
-            from shadow.backends.qwen35.fast import FastForward
+            from shadow.backends.qwen35.fast.forward import FastForward
 
             # one sequence at a time: no batch sizes to capture, no state slots for them
             self.fast = FastForward(model, grid, batches=(1,))
@@ -72,7 +72,7 @@ class MainModel:
     def path(self) -> str:
         if self.fast is None:
             return "eager"
-        return "fast, CUDA graphs" if self.fast.use_graphs else "fast, no graphs"
+        return "fast, CUDA graphs" if self.fast.graphs.enabled else "fast, no graphs"
 
     def warm_up(self) -> float:
         """Capture the fast path's graphs (seconds; 0 on the torch forward)."""

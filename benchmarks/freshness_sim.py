@@ -111,6 +111,10 @@ class SimReader:
     def warm_up(self) -> float:
         return 0.0  # nothing to capture: the service's start-up is outside the timeline
 
+    @property
+    def attention(self) -> str:
+        return "simulated"  # no kernel runs
+
     def batch_sizes(self) -> dict[int, str]:
         return dict.fromkeys(sorted({1, self.max_batch}), "ok")  # nothing captured, nothing to check
 

@@ -65,7 +65,8 @@ from benchmarks import read_rate_floor as floor_mod
 from benchmarks.common import environment, keep_newest
 from benchmarks.read_rate_steps import FIGURES, GRID, PeerRunner, Plan, ShadowSide, run_steps
 from shadow import Shadow, ShadowSettings, build_shadow
-from shadow.backends.qwen35 import Qwen35Config, attention_kernel
+from shadow.backends.qwen35 import Qwen35Config
+from shadow.backends.qwen35.attention import SETTINGS as ATTENTION
 from shadow.backends.qwen35.checkpoint import demo_text_config, random_tensors, write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
 
@@ -103,15 +104,16 @@ def _behind_facade(sh: Shadow) -> dict[str, Any]:
     return {"reader": type(reader).__name__, "fast_report": got}
 
 
-def _build(ckpt: Path, device: str, dtype: str, fast: str) -> tuple[Shadow, dict[str, Any]]:
+def _build(ckpt: Path, device: str, dtype: str, fast: str, attention: str = "auto") -> tuple[Shadow, dict[str, Any]]:
     t0 = time.perf_counter()
     sh = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device=device, dtype=dtype, grid=GRID,
-                                     disk="off", gb=64, fast=fast))
+                                     disk="off", gb=64, fast=fast, attention=attention))
     built = time.perf_counter() - t0
     t0 = time.perf_counter()
     sh.warm_up()
     sh.sync()
-    return sh, {"build_s": built, "warm_up_s": time.perf_counter() - t0, **_behind_facade(sh)}
+    return sh, {"build_s": built, "warm_up_s": time.perf_counter() - t0, "attention": sh.reader.attention,
+                **_behind_facade(sh)}
 
 
 def _free(device: str) -> None:
@@ -167,7 +169,7 @@ def _walk_twice(sh: Shadow, side: str, plan: Plan, inputs: Inputs, run: ModelRun
 def _ours(run: ModelRun, plan: Plan, ckpt: Path, args: argparse.Namespace, work: Path, inputs: Inputs,
           exact: dict[str, Any] | None) -> tuple[Any, list[int]] | None:
     """Ours on the fast path; with ``exact``, the real session's check too. Returns its state and ids."""
-    sh, start = _build(ckpt, args.device, args.dtype, "auto")
+    sh, start = _build(ckpt, args.device, args.dtype, "auto", args.attention)
     start.update(_walk_twice(sh, "ours", plan, inputs, run))
     start["peak_gib"] = _peak_gib(args.device)
     run.startup["ours"] = start
@@ -314,16 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", default=None, help="where the random checkpoints are written (default: the system's)")
     ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
     ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
-    ap.add_argument("--attention", default="auto", choices=["auto", "triton", "wg", "ws"],
-                    help="the chunk attention kernel (attention_kernel.KERNEL; auto, the shipped choice: the "
+    ap.add_argument("--attention", default="auto", choices=ATTENTION,
+                    help="the chunk attention kernel (the ATTENTION setting; auto, the shipped choice: the "
                          "Gluon one on a Hopper; a kernel named here writes read_rate-<kernel>.json)")
     ap.add_argument("--child-model", help=argparse.SUPPRESS)
     ap.add_argument("--child-fresh", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
-    attention_kernel.KERNEL = args.attention  # before any reader is built: the split rule follows it
     if args.child_fresh:
-        sh, _ = _build(Path(args.child_model), args.device, args.dtype, "auto")
+        sh, _ = _build(Path(args.child_model), args.device, args.dtype, "auto", args.attention)
         exact_mod.child_fresh(sh, Path(args.child_fresh))
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -353,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             if i == 0 and not args.no_batch and (args.device == "cuda" or args.batch_cpu):
                 _free(args.device)
                 batch = batch_mod.measure(folder, args.device, args.dtype,
-                                          batch_mod.BatchPlan() if args.device == "cuda" else batch_mod.CPU_PLAN, rates)
+                                          batch_mod.BatchPlan() if args.device == "cuda" else batch_mod.CPU_PLAN, rates,
+                                          args.attention)
                 exact["batch"] = batch.pop("exact")
                 run.startup["batch"] = {k: v for k, v in batch.items() if k != "rows"}
                 batch_rows = [{"model": name, **r} for r in batch["rows"]]
@@ -371,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows(runs, plans, rates, 2 if dtype == torch.bfloat16 else 4) + batch_rows,
         "wall_s": time.perf_counter() - t_start,
     }
-    result["attention_kernel"] = attention_kernel.kernel_in_use()
+    result["attention_kernel"] = runs[0].startup.get("ours", {}).get("attention")  # as the container resolved it
     suffix = ("-quick" if args.quick else "") + ("-cpu" if args.device == "cpu" else "") + (
         "" if args.attention == "auto" else f"-{args.attention}")
     out = Path(args.out) / f"read_rate{suffix}.json"

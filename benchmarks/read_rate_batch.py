@@ -32,8 +32,11 @@ import torch
 
 from benchmarks import read_rate_floor as floor_mod
 from benchmarks.common import captured, device_ms_per_call
-from shadow.backends.qwen35 import Qwen35, attention
-from shadow.backends.qwen35.graphs import clone_state, same_state
+from shadow.backends.qwen35 import Qwen35
+from shadow.backends.qwen35.attention import choose
+from shadow.backends.qwen35.attention import triton as attention
+from shadow.backends.qwen35.attention.backend import AttentionBackend
+from shadow.backends.qwen35.fast.graphs import clone_state, same_state
 from shadow.backends.reader import SessionTensors, TorchReader
 from shadow.core.costs import pass_plan
 from shadow.core.session import SessionBook
@@ -142,7 +145,10 @@ TILES = ((attention.BM, attention.BN, attention.WARPS, attention.STAGES), (128, 
 
 
 def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any]]:
-    """Our attention kernel (and its merge) alone, 512 rows above each depth (``common.device_ms_per_call``)."""
+    """Our attention kernel (and its merge) alone, 512 rows above each depth (``common.device_ms_per_call``):
+    the reader's backend (``attention_layer``), then the Triton kernel's other tiles as leads."""
+    assert reader.fast is not None
+    backend = reader.fast.attention
     rows = 512
     cfg = reader.model.config
     dev = reader.model.device
@@ -157,7 +163,8 @@ def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any
         # the shipped tiles first, then other tiles as leads (not used by the reader)
         for tiles in TILES if depth == plan.attention_depths[0] else TILES[:1]:
             call = functools.partial(attention.attend, q, k, v, depth, o, bm=tiles[0], bn=tiles[1], warps=tiles[2],
-                                     stages=tiles[3])
+                                     stages=tiles[3]) if tiles != TILES[0] else functools.partial(
+                backend.attend, q, k, v, depth, o)
             try:
                 ms = device_ms_per_call(call)
             except Exception as err:  # a tile that does not compile is reported
@@ -167,33 +174,33 @@ def _attention_rates(reader: TorchReader, plan: BatchPlan) -> list[dict[str, Any
                         "rows": rows, "tiles": tiles, "ours_ms": ms, "tflops": flops / ms / 1e9})
         if dev.type == "cuda":
             # ``o`` holds the last lead's output (other tiles, another split rule): compare with the shipped call
-            attention.attend(q, k, v, depth, o)
-            out += [_attention_read(q, k, v, depth, o, flops, b) for b in (1, 8)]
+            backend.attend(q, k, v, depth, o)
+            out += [_attention_read(backend, q, k, v, depth, o, flops, b) for b in (1, 8)]
     return out
 
 
-def _attention_read(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, depth: int, alone: torch.Tensor,
-                    flops: float, b: int) -> dict[str, Any]:
+def _attention_read(backend: AttentionBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, depth: int,
+                    alone: torch.Tensor, flops: float, b: int) -> dict[str, Any]:
     """The attention a read's pass runs (``figure: "attention_read"``): ``attend_table`` from a table
     on the device, captured in a CUDA graph and replayed, for ``b`` sessions' 512-row chunks at
     ``depth``, each over KV rows of its own (session 0's are ``k``, ``v``). On a Hopper this is
-    the warp-specialised kernel, where one ``attend`` call (``attention_layer``: questions, eager
-    chunks) takes ``attention_wg``'s launch. ``equal``: every session's rows ``torch.equal`` to its
+    ``gluon-ws``'s kernel, where one ``attend`` call (``attention_layer``: questions, eager chunks)
+    takes ``gluon-wg``'s launch. ``equal``: every session's rows ``torch.equal`` to its
     own ``attend`` call (session 0's is ``alone``)."""
     n, heads = q.shape[0], q.shape[1]
     gen = torch.Generator(device=q.device).manual_seed(depth + b)
     kvs = [(k, v)] + [tuple(torch.randn(k.shape, device=k.device, generator=gen).to(k.dtype) for _ in range(2))
                       for _ in range(b - 1)]
-    table = torch.tensor([attention.table_row(depth, n, heads, ke, ve) for ke, ve in kvs], dtype=torch.int64,
+    table = torch.tensor([backend.table_row(depth, n, heads, ke, ve) for ke, ve in kvs], dtype=torch.int64,
                          device=q.device)
     qs = q.repeat(b, 1, 1).contiguous()
     out = torch.zeros_like(qs)
-    graph = captured(lambda: attention.attend_table(qs, table, k, out))
+    graph = captured(lambda: backend.attend_table(qs, table, k, out))
     ms = device_ms_per_call(graph.replay)
     equal = torch.equal(out[:n], alone)
     for e in range(1, b):
         mine = torch.empty_like(q)
-        attention.attend(q, kvs[e][0], kvs[e][1], depth, mine)
+        backend.attend(q, kvs[e][0], kvs[e][1], depth, mine)
         equal = equal and torch.equal(out[e * n: (e + 1) * n], mine)
     return {"figure": "attention_read", "batch": b, "depth": depth, "rows": n, "ours_ms": ms / b,
             "pass_ms": ms, "tflops": b * flops / ms / 1e9, "equal": equal}
@@ -254,10 +261,12 @@ def _exact(reader: TorchReader, plan: BatchPlan) -> dict[str, Any]:
                    "read_chunks call; each against a copy read alone (read_chunk) and a fresh prefill (fresh)"}
 
 
-def measure(ckpt: Path, device: str, dtype: str, plan: BatchPlan, rates: tuple[float, float]) -> dict[str, Any]:
+def measure(ckpt: Path, device: str, dtype: str, plan: BatchPlan, rates: tuple[float, float],
+            attention: str = "auto") -> dict[str, Any]:
     t0 = time.perf_counter()
     model = Qwen35.from_pretrained(ckpt, device=device, dtype=dtype)
-    reader = TorchReader(model, plan.grid, fast=True, spans=plan.spans)
+    reader = TorchReader(model, plan.grid, fast=True, spans=plan.spans,
+                         attention=choose(attention, model.device))  # the ATTENTION setting, as the container does
     warm = reader.warm_up()
     report = reader.fast_report()
     elem = 2 if dtype == "bfloat16" else 4

@@ -69,8 +69,13 @@ def _reader(model: Qwen35, settings: ShadowSettings, timer: Callable[[], float])
 
     cuda = model.device.type == "cuda"
     fast = settings.fast == "on" or (settings.fast == "auto" and cuda)
+    attention = None
+    if fast:  # the chunk attention kernel, resolved once here: it decides every session's bits
+        from shadow.backends.qwen35.attention import choose
+
+        attention = choose(settings.attention, model.device)
     return TorchReader(model, settings.grid, fast=fast, timer=timer, stream=settings.stream,
-                       spans=settings.span_sizes(cuda and fast) if fast else ())
+                       spans=settings.span_sizes(cuda and fast) if fast else (), attention=attention)
 
 
 DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"

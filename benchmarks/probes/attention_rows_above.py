@@ -1,5 +1,6 @@
 """Whether a chunk's attention depends on what a session's rows above the chunk hold, for each kernel
-(``attention_kernel.KERNEL``): the question the Gluon lead's GPU-test failure at c974d7e left open.
+(each attention backend, the ``ATTENTION`` setting's values): the question the Gluon lead's GPU-test
+failure at c974d7e left open.
 
 Those failures (a real session re-read after a rollback against its fresh prefill; spans of 8 and
 16 chunks against their chunks read one pass each) both read a chunk while the session's rows above
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 
 from benchmarks.common import environment
+from shadow.backends.qwen35.attention import choose
+from shadow.backends.qwen35.attention.backend import AttentionBackend
 
 ROWS, HEADS, KV, DIM = 512, 8, 2, 256
 STARTS = [0, 1024, 8192, 32768]
@@ -37,9 +40,7 @@ def _compare(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
     return {"equal": torch.equal(a, b), "max_diff": (a.float() - b.float()).abs().nan_to_num(float("inf")).max().item()}
 
 
-def _chunk(kernel: str, start: int, gen: torch.Generator) -> dict[str, Any]:
-    from shadow.backends.qwen35 import attention
-
+def _chunk(attention: AttentionBackend, start: int, gen: torch.Generator) -> dict[str, Any]:
     cap = -(-(start + SPAN * ROWS) // 8192) * 8192 + 8192
     k = torch.randn(cap, KV, DIM, device=DEVICE, generator=gen).bfloat16()
     v = torch.randn(cap, KV, DIM, device=DEVICE, generator=gen).bfloat16()
@@ -75,7 +76,7 @@ def _chunk(kernel: str, start: int, gen: torch.Generator) -> dict[str, Any]:
         entries.append({"start": s, **_compare(span[i * ROWS:(i + 1) * ROWS], alone)})
     if DEVICE == "cuda":
         torch.cuda.synchronize()
-    return {"kernel": kernel, "start": start, "splits": int(table_of([start])[0, 2]),
+    return {"kernel": attention.name, "start": start, "splits": int(table_of([start])[0, 2]),
             "call_zero_vs_random": _compare(outs["call_zero"], outs["call_random"]),
             "call_zero_vs_nan": _compare(outs["call_zero"], outs["call_nan"]),
             "table_one_vs_call": _compare(outs["table_one"], outs["call_random"]),
@@ -85,18 +86,16 @@ def _chunk(kernel: str, start: int, gen: torch.Generator) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--kernels", nargs="+", default=["triton", "wg"], choices=["triton", "wg", "ws"])
+    parser.add_argument("--kernels", nargs="+", default=["triton", "gluon-wg"],
+                        choices=["triton", "gluon-wg", "gluon-ws"])
     args = parser.parse_args()
-    from shadow.backends.qwen35 import attention_kernel
-
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for kernel in args.kernels:
-        attention_kernel.KERNEL = kernel  # the split rule follows it (``block_rows``, looked up per setting)
         for start in STARTS:
             gen = torch.Generator(device=DEVICE).manual_seed(start + 1)
-            try:
-                row = _chunk(kernel, start, gen)
+            try:  # the split rule follows the backend (``block_rows``)
+                row = _chunk(choose(kernel, torch.device(DEVICE)), start, gen)
             except Exception as err:  # a kernel that fails to compile or run is reported, not fatal
                 row = {"kernel": kernel, "start": start, "error": f"{type(err).__name__}: {err}"[:400]}
             rows.append(row)

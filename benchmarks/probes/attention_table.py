@@ -35,7 +35,10 @@ def _sessions(depths: list[int], gen: torch.Generator) -> list[tuple[torch.Tenso
 
 
 def _case(batch: int, depths: list[int], seed: int) -> dict[str, Any]:
-    from shadow.backends.qwen35 import attention
+    from shadow.backends.qwen35.attention import table as attention_table
+    from shadow.backends.qwen35.attention import triton as attention
+
+    triton_kernel = attention.TritonAttention()  # the Triton kernel's table and calls, with and without TMA
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     starts = [depths[b % len(depths)] for b in range(batch)]
@@ -43,13 +46,13 @@ def _case(batch: int, depths: list[int], seed: int) -> dict[str, Any]:
     q = torch.randn(batch * ROWS, HEADS, DIM, device="cuda", generator=gen).bfloat16()
     k_new = torch.randn(batch * ROWS, KV, DIM, device="cuda", generator=gen).bfloat16()
     v_new = torch.randn(batch * ROWS, KV, DIM, device="cuda", generator=gen).bfloat16()
-    table = torch.tensor([attention.table_row(s, ROWS, HEADS, k, v) for s, (k, v) in zip(starts, kv, strict=True)],
-                         device="cuda")
+    table = torch.tensor([triton_kernel.table_row(s, ROWS, HEADS, k, v)
+                          for s, (k, v) in zip(starts, kv, strict=True)], device="cuda")
     like = kv[0][0][:1]
     out_table, out_calls = torch.empty_like(q), torch.empty_like(q)
 
     def by_table() -> None:
-        attention.write_rows(k_new, v_new, table)
+        attention_table.write_rows(k_new, v_new, table)
         attention.attend_table(q, table, like, out_table)
 
     def by_calls() -> None:

@@ -1,5 +1,6 @@
-"""The fast path's chunk attention (``shadow/backends/qwen35/attention.py``) against torch's flash
-kernel, on the 0.8B's heads (8 query heads, 2 KV heads, head dim 256), bf16, on the GPU.
+"""The fast path's chunk attention (``shadow/backends/qwen35/attention/``: the Triton kernel, and
+the Gluon ones) against torch's flash kernel, on the 0.8B's heads (8 query heads, 2 KV heads, head
+dim 256), bf16, on the GPU.
 
 For each depth and row count: ms per call (CUDA events), the largest error against an fp32
 reference for both kernels, whether a repeat gives the same bits, the host time of one call, and
@@ -33,7 +34,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from benchmarks.common import environment
 from benchmarks.probes.attention_variants import event_ms
-from shadow.backends.qwen35 import attention
+from shadow.backends.qwen35.attention import triton as attention
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 256
 OLD = {"bm": 128, "bn": 64, "warps": 8, "stages": 2, "target": 264, "min_split": 1024, "tma": False,
@@ -100,11 +101,11 @@ def measure(case: dict[str, Any], variant: dict[str, Any]) -> dict[str, Any]:
 
     def ours() -> Any:
         if variant.get("kernel") == "ws":
-            from shadow.backends.qwen35 import attention_ws
-            return attention_ws.attend(q, k, v, start, out, stages=variant["stages"], v_stages=variant["v_stages"])
+            from shadow.backends.qwen35.attention import gluon_ws
+            return gluon_ws.attend(q, k, v, start, out, stages=variant["stages"], v_stages=variant["v_stages"])
         if variant.get("kernel") == "wg":  # imported here: Gluon's Hopper modules are not needed elsewhere
-            from shadow.backends.qwen35 import attention_wg
-            return attention_wg.attend(q, k, v, start, out, bm=variant["bm"], stages=variant["stages"],
+            from shadow.backends.qwen35.attention import gluon_wg
+            return gluon_wg.attend(q, k, v, start, out, bm=variant["bm"], stages=variant["stages"],
                                        v_stages=variant.get("v_stages", variant["stages"]))
         return attention.attend(q, k, v, start, out, bm=variant["bm"], bn=variant["bn"], warps=variant["warps"],
                                 stages=variant["stages"], min_split=variant["min_split"], target=variant["target"],
@@ -144,8 +145,8 @@ def main() -> None:
         out = torch.empty_like(case["q"])
         for _ in range(2):  # the first compiles; a profiler filtering on the kernel's name sees both
             if args.wg:
-                from shadow.backends.qwen35 import attention_wg
-                attention_wg.attend(case["q"], case["k"], case["v"], case["start"], out)
+                from shadow.backends.qwen35.attention import gluon_wg
+                gluon_wg.attend(case["q"], case["k"], case["v"], case["start"], out)
             else:
                 attention.attend(case["q"], case["k"], case["v"], case["start"], out)
         torch.cuda.synchronize()

@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, _placed, random_08b
-from shadow.backends.qwen35.fast import FastForward
+from shadow.backends.qwen35.fast.forward import FastForward
 from shadow.backends.qwen35.state import ModelState
 
 DEPTHS = (1024, 32768, 100352)

@@ -30,7 +30,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from benchmarks.common import captured, device_ms_per_call, environment
-from shadow.backends.qwen35 import gate_up
+from shadow.backends.qwen35.fast import gate_up
 
 DT = torch.bfloat16
 HIDDEN, INTER, CHUNK = 1024, 3584, 512

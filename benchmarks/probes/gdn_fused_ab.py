@@ -27,7 +27,7 @@ import torch
 from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, _case, random_08b
 from shadow.backends.qwen35 import gdn_fla, gdn_fused
-from shadow.backends.qwen35.fast import FastForward
+from shadow.backends.qwen35.fast.forward import FastForward
 
 # (BV, warps, stages, the state's chain before the chunk's output: ``update_first``)
 # Two stages hold 115 KB of shared memory at 32 columns: one program an SM. One stage holds 45 KB

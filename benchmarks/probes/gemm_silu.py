@@ -34,8 +34,8 @@ import triton.language as tl
 
 from benchmarks.common import captured, device_ms_per_call, environment
 from shadow.backends.qwen35 import kernels
-from shadow.backends.qwen35.gate_up import gate_up_silu as gate_up_silu_tma
-from shadow.backends.qwen35.gate_up import tile
+from shadow.backends.qwen35.fast.gate_up import gate_up_silu as gate_up_silu_tma
+from shadow.backends.qwen35.fast.gate_up import tile
 
 DT = torch.bfloat16
 HIDDEN, INTER, CHUNK = 1024, 3584, 512

@@ -41,7 +41,7 @@ import torch
 from benchmarks.common import captured, device_ms_per_call, environment, result_path
 from benchmarks.probes import read_pass_ab
 from shadow.backends.qwen35 import kernels
-from shadow.backends.qwen35.fast import FastForward
+from shadow.backends.qwen35.fast.forward import FastForward
 
 DT = torch.bfloat16
 SEG = 512

@@ -18,7 +18,7 @@ from typing import Any
 
 from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, _case, random_08b
-from shadow.backends.qwen35.fast import FastForward
+from shadow.backends.qwen35.fast.forward import FastForward
 
 CASES = ((1, "0-2k"), (2, "0-2k"), (3, "0-2k"), (4, "0-2k"), (6, "0-2k"), (8, "0-2k"), (16, "0-2k"),
          (8, "32k"))

@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, SPREAD, _placed, random_08b
-from shadow.backends.qwen35.fast import FastForward
+from shadow.backends.qwen35.fast.forward import FastForward
 
 
 def _top(stats: pstats.Stats, passes: int, count: int = 25) -> list[dict[str, Any]]:

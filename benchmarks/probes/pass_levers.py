@@ -104,7 +104,7 @@ def conv_silu() -> list[dict[str, Any]]:
 
 
 def attention_rules() -> list[dict[str, Any]]:
-    from shadow.backends.qwen35 import attention
+    from shadow.backends.qwen35.attention import triton as attention
 
     rows_out = []
     spread = [1024, 0, 2048, 512, 1536, 0, 1024, 2048]

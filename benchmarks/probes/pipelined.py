@@ -24,8 +24,8 @@ import torch
 
 from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, SPREAD, _placed, random_08b
-from shadow.backends.qwen35.fast import FastForward
-from shadow.backends.qwen35.graphs import clone_state, same_state
+from shadow.backends.qwen35.fast.forward import FastForward
+from shadow.backends.qwen35.fast.graphs import clone_state, same_state
 from shadow.backends.qwen35.state import ModelState
 
 CASES = ((1, "0-2k"), (2, "0-2k"), (4, "0-2k"), (8, "0-2k"), (4, "32k"), (8, "32k"))

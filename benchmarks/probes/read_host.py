@@ -29,7 +29,7 @@ import torch
 from benchmarks.common import environment, result_path
 from benchmarks.read_rate import MODELS, _write_model
 from shadow.backends.qwen35 import Qwen35
-from shadow.backends.qwen35.fast import FastForward
+from shadow.backends.qwen35.fast.forward import FastForward
 
 GRID, DEPTH = 512, 1024
 
@@ -51,7 +51,7 @@ def main() -> None:
     assert fast.table_reads
     rows = []
     for batch in (1, 8, 16):
-        fast._rows_for(batch * GRID, GRID, read=True).whole = _NoReplay()
+        fast.rows_for(batch * GRID, GRID, read=True).whole = _NoReplay()
         states = [model.new_state() for _ in range(batch)]
         for s in states:
             s.reserve(DEPTH + GRID)

@@ -27,8 +27,8 @@ import torch
 from benchmarks.common import environment, result_path
 from benchmarks.read_rate import MODELS, _write_model
 from shadow.backends.qwen35 import Qwen35
-from shadow.backends.qwen35.fast import FastForward
-from shadow.backends.qwen35.graphs import clone_state, same_state
+from shadow.backends.qwen35.fast.forward import FastForward
+from shadow.backends.qwen35.fast.graphs import clone_state, same_state
 from shadow.backends.qwen35.state import ModelState
 
 GRID = 512

@@ -1,5 +1,5 @@
-"""A read's states into the static slots and back by one launch a kind (``slots.move``, shipped)
-against a strided ``copy_`` a session each way (``slots.copy``, the form before), alternating in one
+"""A read's states into the static slots and back by one launch a kind (``StateSlots.move``, shipped)
+against a strided ``copy_`` a session each way (``StateSlots.copy``, the form before), alternating in one
 process on one ``FastForward``, so both forms replay the same graphs. At bb80fda (the result kept)
 the one-launch copies were launches of the host's; since 87a827c they sit inside the read's graph,
 and the other form stages no addresses, so the graph's copies leave its slots alone.
@@ -20,8 +20,8 @@ from typing import Any
 
 from benchmarks.common import environment, result_path
 from benchmarks.probes.read_pass_ab import GRID, _case, random_08b
-from shadow.backends.qwen35 import slots
-from shadow.backends.qwen35.fast import FastForward
+from shadow.backends.qwen35.fast.forward import FastForward
+from shadow.backends.qwen35.fast.slots import StateSlots
 
 FORMS = ("one_launch", "copy_a_session")
 
@@ -36,12 +36,12 @@ def main() -> None:
     fast = FastForward(model, GRID, batches=(1, 8))
     fast.warm_up()
     use = {"form": FORMS[0]}
-    shipped = slots.sources
+    shipped = StateSlots.sources
 
-    def sources(f: FastForward, states: Any) -> list[int]:
-        return shipped(f, states) if use["form"] == "one_launch" else []
+    def sources(self: StateSlots, states: Any) -> list[int]:
+        return shipped(self, states) if use["form"] == "one_launch" else []
 
-    slots.sources = sources  # type: ignore[assignment]
+    StateSlots.sources = sources  # type: ignore[method-assign]
     rows = []
     for batch in (1, 8):
         row = _case(model, dict.fromkeys(FORMS, fast), batch, "0-2k", args.rounds, args.passes,

@@ -23,7 +23,8 @@ from shadow.core.session import SessionBook
 from .qwen35 import ModelState, Qwen35
 
 if TYPE_CHECKING:
-    from .qwen35.fast import FastForward
+    from .qwen35.attention.backend import AttentionBackend
+    from .qwen35.fast.forward import FastForward
 
 Saved = tuple[list[torch.Tensor], list[torch.Tensor]]
 P = ParamSpec("P")
@@ -71,7 +72,8 @@ class TorchReader:
 
     def __init__(self, model: Qwen35, grid: int, fast: bool = False,
                  timer: Callable[[], float] = time.perf_counter, max_batch: int = 1,
-                 stream: Literal["own", "caller"] = "own", spans: Sequence[int] = ()) -> None:
+                 stream: Literal["own", "caller"] = "own", spans: Sequence[int] = (),
+                 attention: AttentionBackend | None = None) -> None:
         if grid <= 0 or grid % 64:
             raise ValueError(f"grid must be a positive multiple of 64, got {grid}")
         if max_batch < 1:
@@ -84,9 +86,9 @@ class TorchReader:
         self._eager_batch = max_batch  # the torch forward reads a pass's sessions one after the other
         self.fast: FastForward | None = None
         if fast:
-            from .qwen35.fast import FastForward
+            from .qwen35.fast.forward import FastForward
 
-            self.fast = FastForward(model, grid, spans=spans)
+            self.fast = FastForward(model, grid, spans=spans, attention=attention)
         # A stream of the reader's own: where the shadow shares a process with an engine (library
         # use, ab_cost), a read then waits for its own kernels only. Synchronising the device waited
         # for the engine's queued decode step too, and held the engine's host thread until then.
@@ -104,9 +106,9 @@ class TorchReader:
 
     @_on_own_stream
     def warm_up(self) -> float:
-        """Capture the fast path's graphs, then launch what runs outside them (``qwen35.warm``);
+        """Capture the fast path's graphs, then launch what runs outside them (``qwen35.fast.warm``);
         seconds taken (0 when there is nothing to capture)."""
-        from .qwen35.warm import warm_paths
+        from .qwen35.fast.warm import warm_paths
 
         return (self.fast.warm_up() if self.fast is not None else 0.0) + warm_paths(self)
 
@@ -114,6 +116,12 @@ class TorchReader:
         """What the fast path holds for this model (static buffers, graph pool), and which batch
         sizes its warm-up check let through (``batches``: "ok", or why a size is not used)."""
         return self.fast.report() if self.fast is not None else None
+
+    @property
+    def attention(self) -> str:
+        """The chunk attention backend that makes this reader's bits (``ATTENTION``); "torch" on the
+        torch forward."""
+        return self.fast.attention.name if self.fast is not None else "torch"
 
     def batch_sizes(self) -> dict[int, str]:
         """The fast path's batch sizes and their warm-up check ("ok", "unchecked", or why a size is
@@ -245,7 +253,7 @@ class TorchReader:
         """Span sizes ``read_span`` takes: the fast path's, less any its warm-up check refused."""
         if self.fast is None:
             return ()
-        return tuple(k for k in self.fast.spans if k not in self.fast.refused_spans)
+        return self.fast.usable_spans
 
     @_on_own_stream
     def read_span(self, book: SessionBook, tensors: SessionTensors, chunks: int) -> float:

@@ -24,6 +24,11 @@ class Reader(Protocol):
         """The most sessions one ``read_chunks`` pass takes (1: no batching)."""
         ...
 
+    @property
+    def attention(self) -> str:
+        """The attention kernel that makes this reader's bits, by name."""
+        ...
+
     def batch_sizes(self) -> dict[int, str]:
         """Each batch size a pass may take: "ok" (its warm-up check passed, or no check is needed),
         "unchecked" (before the check), or why it is not used (a refused size)."""

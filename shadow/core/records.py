@@ -189,3 +189,4 @@ class SlotStatus:
     # per batch size of the loaded reader: "ok", "unchecked", or why its warm-up check refused it
     batches: dict[str, str] = field(default_factory=dict)
     max_batch: int = 1  # the most sessions one pass reads (the largest size not refused)
+    attention: str = ""  # the loaded reader's attention kernel (ATTENTION resolved; "torch": the torch forward)

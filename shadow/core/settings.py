@@ -45,6 +45,10 @@ class ShadowSettings(BaseSettings):
     fast: Literal["auto", "on", "off"] = Field(
         "auto", description="the fast path (fused kernels, CUDA graphs): auto = on when the device is CUDA; "
                             "off = the torch forward; on = also on the CPU (Triton's interpreter, for tests)")
+    attention: Literal["auto", "triton", "gluon-wg", "gluon-ws"] = Field(
+        "auto", description="the fast path's chunk attention kernel, which decides a session's bits: auto = the "
+                            "best that runs here (gluon-ws on a Hopper, else triton); a named one that cannot run "
+                            "here fails at start")
     stream: Literal["own", "caller"] = Field(
         "own", description="the reader's CUDA stream: own (at the highest priority; a read waits for its own "
                            "kernels only) or caller (the current stream; a read synchronises the device)")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shadow.backends.qwen35.graphs import clone_state
+from shadow.backends.qwen35.fast.graphs import clone_state
 from shadow.backends.reader import SessionTensors, TorchReader
 from shadow.core.session import SessionBook
 

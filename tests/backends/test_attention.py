@@ -1,14 +1,20 @@
-"""The fast path's chunk attention kernel against the fp32 torch form beside it (Triton's
-interpreter on the CPU, with the small tiles it takes there, so the split and the merge run)."""
+"""The fast path's chunk attention: the Triton kernel against the naive fp32 form (Triton's
+interpreter on the CPU, with the small tiles it takes there, so the split and the merge run), the
+table launch, and the registry that picks a backend (the Gluon backends' self-checks run on a
+Hopper: tests/backends/test_gpu_attention.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from shadow.backends.qwen35 import attention
-
 pytest.importorskip("triton")
+
+from shadow.backends.qwen35.attention import naive
+from shadow.backends.qwen35.attention import triton as attention
+from shadow.backends.qwen35.attention.table import write_rows
+
+TRITON = attention.TritonAttention()
 
 
 def _inputs(n: int, start: int, heads: int, kv: int, d: int, seed: int, dtype: torch.dtype):
@@ -27,13 +33,13 @@ def test_attend_matches_the_reference(n, start, heads, kv):
     q, k, v = _inputs(n, start, heads, kv, 32, seed=n + start, dtype=torch.float32)
     out = torch.empty_like(q)
     attention.attend(q, k, v, start, out)
-    assert torch.allclose(out, attention.attend_reference(q, k, v, start), atol=1e-5, rtol=1e-5)
+    assert torch.allclose(out, naive.attend(q, k, v, start), atol=1e-5, rtol=1e-5)
 
 
 def test_splits_change_only_rounding_and_repeat_bit_for_bit():
     n, start = 16, 200
     q, k, v = _inputs(n, start, 4, 2, 32, seed=3, dtype=torch.bfloat16)
-    ref = attention.attend_reference(q, k, v, start)
+    ref = naive.attend(q, k, v, start)
     for min_split in (64, 10_000):  # four splits merged, then one pass
         out = torch.empty_like(q)
         attention.attend(q, k, v, start, out, min_split=min_split)
@@ -82,8 +88,8 @@ def test_a_table_launch_gives_each_entry_the_bits_of_its_own_call():
     assert starts  # the depths above are each session's first entry's start
 
     table_kv = buffers()
-    table = torch.tensor([attention.table_row(at, n, heads, *table_kv[b]) for b, at in entries])
-    attention.write_rows(k_new, v_new, table)
+    table = torch.tensor([TRITON.table_row(at, n, heads, *table_kv[b]) for b, at in entries])
+    write_rows(k_new, v_new, table)
     out = torch.full_like(q, float("nan"))
     attention.attend_table(q, table, table_kv[0][0], out)
 
@@ -104,35 +110,73 @@ def test_a_table_launch_gives_each_entry_the_bits_of_its_own_call():
 def test_a_table_entry_refuses_rows_it_cannot_address():
     k = torch.zeros(32, 2, 8, 4).select(3, 0)  # not contiguous
     with pytest.raises(ValueError, match="contiguous KV rows"):
-        attention.table_row(0, 16, 4, k, k)
+        TRITON.table_row(0, 16, 4, k, k)
     k = torch.zeros(20, 2, 8)
     with pytest.raises(ValueError, match="contiguous KV rows"):
-        attention.table_row(8, 16, 4, k, k)  # 24 rows needed
+        TRITON.table_row(8, 16, 4, k, k)  # 24 rows needed
 
 
-def test_the_split_rule_follows_the_kernel_that_reads_the_chunk(monkeypatch):
-    """A table's split rule is the rule of the kernel that reads its chunks: the Gluon lead's 128-row
-    programs split a chunk their own way, but only bf16 chunks of head dim 256 on the GPU go to it;
-    every other chunk keeps the Triton kernel's 64-row rule whatever ``KERNEL`` says (c974d7e's GPU
-    tests failed where a head-dim-32 table carried the 128-row rule into the Triton kernel)."""
-    from shadow.backends.qwen35 import attention_kernel
+def test_the_split_rule_follows_the_kernel_that_reads_the_chunk():
+    """A table's split rule is the rule of the kernel that reads its chunks: the Gluon backends'
+    128-row programs split a chunk their own way, but only bf16 chunks of head dim 256 on the GPU go
+    to them; every other chunk keeps the Triton kernel's 64-row rule (c974d7e's GPU tests failed
+    where a head-dim-32 table carried the 128-row rule into the Triton kernel). The Gluon backends'
+    classes are built here to ask their rule; their kernels run only on a Hopper."""
+    from shadow.backends.qwen35.attention import backend_class
 
     bf16 = torch.bfloat16
-    assert attention_kernel.kernel_in_use() == "triton"  # the default, and all a CPU can run
-    assert attention_kernel.block_rows("cuda", bf16, 256) == attention.BM
+    assert TRITON.block_rows("cuda", bf16, 256) == attention.BM
     narrow = attention.split_len(512 * 4, 2, 33280)
     assert attention.split_fields(32768, 512, 8, 2, attention.BM) == (32768, narrow, -(-33280 // narrow))
-    wide = attention.split_len(512 * 4, 2, 33280, attention_kernel.WG_BM)
-    assert attention.split_fields(32768, 512, 8, 2, attention_kernel.WG_BM) == (32768, wide, -(-33280 // wide))
-    assert wide != narrow
     keys = torch.zeros(33280, 2, 256, dtype=bf16)
-    for gluon in attention_kernel.GLUON:  # both Gluon kernels: 128-row programs, one rule
-        monkeypatch.setattr(attention_kernel, "KERNEL", gluon)
-        assert attention_kernel.block_rows("cuda", bf16, 256) == attention_kernel.WG_BM
+    try:
+        gluons = [backend_class(name)() for name in ("gluon-wg", "gluon-ws")]
+    except ImportError:  # a Triton without Gluon's Hopper module
+        pytest.skip("this Triton has no Gluon Hopper module")
+    for gluon in gluons:  # both Gluon kernels: 128-row programs, one rule
+        wide = attention.split_len(512 * 4, 2, 33280, gluon.BM)
+        assert wide != narrow
+        assert gluon.block_rows("cuda", bf16, 256) == gluon.BM == 128
         for kind in (("cuda", bf16, 32), ("cuda", torch.float32, 256), ("cpu", bf16, 256)):
-            assert attention_kernel.block_rows(*kind) == attention.BM, (gluon, kind)
+            assert gluon.block_rows(*kind) == attention.BM, (gluon.name, kind)
         # off the GPU the Triton kernel reads the chunk, so the table carries its rule
-        assert attention.table_row(32768, 512, 8, keys, keys)[:3] == [32768, narrow, -(-33280 // narrow)]
-        assert not attention_kernel.use_wg(torch.zeros(1, 8, 256, dtype=bf16))
+        assert gluon.table_row(32768, 512, 8, keys, keys)[:3] == [32768, narrow, -(-33280 // narrow)]
+        assert not gluon.serves("cpu", bf16, 256)
 
 
+def test_the_registry_resolves_each_setting_once_and_refuses_what_cannot_run():
+    """``auto`` takes the available backend of the highest priority (on the CPU: triton, the only
+    one the interpreter runs); a named backend that cannot run here is a clear error, not a
+    silent fallback: it would read other bits than the setting says."""
+    from shadow.backends.qwen35.attention import SETTINGS, choose, why_unavailable
+
+    cpu = torch.device("cpu")
+    assert SETTINGS == ("auto", "triton", "gluon-wg", "gluon-ws")
+    assert choose("auto", cpu).name == "triton" and choose("triton", cpu).name == "triton"
+    for name in ("gluon-wg", "gluon-ws"):
+        assert why_unavailable(name, cpu)
+        with pytest.raises(ValueError, match=f"attention '{name}' cannot run on cpu"):
+            choose(name, cpu)
+    with pytest.raises(ValueError, match="attention must be one of auto, triton, gluon-wg, gluon-ws"):
+        choose("ws", cpu)
+
+
+def test_the_triton_backend_passes_its_self_check():
+    """The self-check every backend has (``pytest -m gpu`` runs each on the GPU): the reference
+    within rounding, the same bits called again, and a table launch equal to each chunk's call."""
+    TRITON.self_check(torch.device("cpu"))
+
+
+def test_a_self_check_fails_a_backend_whose_table_launch_differs_from_its_calls():
+    """The check can fail: a backend whose table launch is off by one ulp somewhere is refused."""
+    from shadow.backends.qwen35.attention.backend import AttentionCheckFailed
+
+    class Drifting(attention.TritonAttention):
+        name = "drifting"
+
+        def attend_table(self, q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor) -> None:
+            super().attend_table(q, table, like, out)
+            out[0, 0, 0] = torch.nextafter(out[0, 0, 0], torch.tensor(float("inf")))
+
+    with pytest.raises(AttentionCheckFailed, match="drifting: a table launch gave other bits"):
+        Drifting().self_check(torch.device("cpu"))

@@ -188,7 +188,7 @@ def checkpoints(tmp_path_factory):
 
 def _run(ckpt, dtype: str, fast: bool, ids: torch.Tensor):
     """A chunk of 64 read, then 40 more ids as a fork: (state, fork logits)."""
-    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.fast.forward import FastForward
 
     model = Qwen35.from_pretrained(ckpt, device=DEV, dtype=dtype)
     state = model.new_state()
@@ -256,7 +256,7 @@ def test_device_decode_equals_the_token_by_token_loop(checkpoints):
     """``_Fork.decode`` feeds each argmax on the device and looks at the tokens in batches: it must
     give the tokens of the plain loop (argmax on the host, one pass each), cut at the first stop id
     even when that id lands inside a batch, and leave the committed rows alone."""
-    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.fast.forward import FastForward
 
     model = Qwen35.from_pretrained(checkpoints["float32"], device=DEV, dtype="float32")
     ff = FastForward(model, grid=64)
@@ -290,8 +290,8 @@ def test_forks_through_a_table_give_the_piecewise_bits_from_16_rows(checkpoints,
     question longer than the grid included; below 16 rows (a decode step, a small question) the
     piecewise pass takes torch's attention, so the two agree to rounding (fp32) and each decodes as
     its own token-by-token loop. The committed rows and state stay as they were either way."""
-    from shadow.backends.qwen35.fast import FastForward
-    from shadow.backends.qwen35.graphs import clone_state, same_state
+    from shadow.backends.qwen35.fast.forward import FastForward
+    from shadow.backends.qwen35.fast.graphs import clone_state, same_state
 
     model = Qwen35.from_pretrained(checkpoints[dtype], device=DEV, dtype=dtype)
     ids = torch.randint(0, 248000, (64 + 90,), generator=torch.Generator().manual_seed(21)).tolist()
@@ -352,14 +352,14 @@ def test_batched_read_equals_each_session_read_alone(checkpoints):
     reader.fast.read_chunks = lambda chunks, size=None: (passes.append((len(chunks), size)), fast_read(chunks, size))
     read_batch_and_compare(reader, [rolled, deep, new], "rolled back, deep, new")
     assert passes[-1] == (3, 4)  # one pass of 4, its last slot empty (``pass_plan``), not 2 then 1
-    empty, = reader.fast.placeholders
+    empty, = reader.fast.slots.placeholders
     assert empty.length == 0 and empty.capacity == reader.grid  # ready for the next, no KV growth
     assert not new.feed_prompt(reader, ids[150:230] + ids[:64])
     assert not deep.feed_prompt(reader, ids[200:400] + ids[:64])
     read_batch_and_compare(reader, [new, rolled, deep], "again, on what the empty slot's state became")
     del reader.fast.read_chunks
 
-    reader.fast.refused[4] = "refused by the test"
+    reader.fast.graphs.refused[4] = "refused by the test"
     assert reader.max_batch == 2
     report = reader.fast_report()
     assert report is not None and report["batches"]["4"] == "refused by the test" and report["max_batch"] == 2
@@ -368,13 +368,12 @@ def test_batched_read_equals_each_session_read_alone(checkpoints):
 
 
 def test_a_batch_size_that_differs_is_refused_logged_and_not_used(checkpoints, monkeypatch, caplog):
-    """The warm-up check (``graphs.check``, run here on the eager path): a batch size whose passes
+    """The warm-up check (``Graphs.check``, run here on the eager path): a batch size whose passes
     give a session other bits than its chunk read alone is refused, the log and the report say
     why, and the reader reads such batches in passes of the sizes left."""
     import logging
 
-    from shadow.backends.qwen35 import graphs
-    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.fast.forward import FastForward
     from shadow.backends.reader import TorchReader
 
     from .batching import Followed
@@ -390,8 +389,8 @@ def test_a_batch_size_that_differs_is_refused_logged_and_not_used(checkpoints, m
     reader = TorchReader(model, grid=64, fast=True)
     assert reader.fast is not None
     reader.fast.batches = (1, 2)
-    with caplog.at_level(logging.WARNING, logger="shadow.backends.qwen35.graphs"):
-        refused = graphs.check(reader.fast)
+    with caplog.at_level(logging.WARNING, logger="shadow.backends.qwen35.fast.graphs"):
+        refused = reader.fast.graphs.check()
     assert list(refused) == [2] and "differs from its chunk read alone" in refused[2]
     assert "batch size 2 not used" in caplog.text
     report = reader.fast_report()
@@ -411,8 +410,8 @@ def test_a_span_reads_a_sessions_chunks_in_the_bits_of_one_pass_each(checkpoints
     (torch.equal, every tensor, bf16): at depth, so the second chunk attends over the first in
     the same pass. The warm-up check passes the span; a refused span and passes the path does not
     take are errors, and nothing is read."""
-    from shadow.backends.qwen35 import graphs
-    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.fast import graphs
+    from shadow.backends.qwen35.fast.forward import FastForward
 
     model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
     ff = FastForward(model, grid=64, spans=(2,))
@@ -425,7 +424,7 @@ def test_a_span_reads_a_sessions_chunks_in_the_bits_of_one_pass_each(checkpoints
     ff.read_chunk(ids[128:], alone)
     ff.read_chunks([(ids[64:], spanned)])
     assert alone.length == spanned.length == 3 * 64 and graphs.same_state(spanned, alone)
-    assert graphs.check_spans(ff) == {} and ff.report()["spans"] == {"2": "unchecked"}
+    assert ff.graphs.check_spans() == {} and ff.report()["spans"] == {"2": "unchecked"}
 
     with pytest.raises(ValueError, match="2 chunks or more"):
         FastForward(model, grid=64, spans=(1,))
@@ -441,7 +440,7 @@ def test_a_span_reads_a_sessions_chunks_in_the_bits_of_one_pass_each(checkpoints
         return torch.nextafter(out, torch.full_like(out, float("inf"))) if r.seg > self.grid else out
 
     monkeypatch.setattr(FastForward, "_linear", off_by_one_ulp_in_spans)
-    assert list(graphs.check_spans(ff)) == [2] and "differs" in ff.refused_spans[2]
+    assert list(ff.graphs.check_spans()) == [2] and "differs" in ff.graphs.refused_spans[2]
     with pytest.raises(ValueError, match="span of"):
         ff.read_chunks([(ids[64:], other)])
     assert graphs.same_state(other, base)
@@ -486,8 +485,8 @@ def test_reads_through_the_table_give_the_bits_of_one_attention_call_a_chunk(che
     """A read's pass as its graph holds it (K and V rows written, and attention over each chunk,
     from a table of starts and addresses) against the piecewise pass (a copy and an ``attend`` call
     a chunk): sessions at different depths in a batch, and a span, bit for bit."""
-    from shadow.backends.qwen35.fast import FastForward
-    from shadow.backends.qwen35.graphs import same_state
+    from shadow.backends.qwen35.fast.forward import FastForward
+    from shadow.backends.qwen35.fast.graphs import same_state
 
     model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
     ids = torch.randint(0, 248000, (5, 64), generator=torch.Generator().manual_seed(9))
@@ -509,9 +508,8 @@ def test_states_move_into_the_slots_in_one_launch_or_a_layer_at_a_time(checkpoin
     """Stacked states (every state ``new_state`` makes) move through one launch a kind, from the
     addresses staged with the pass; a batch holding any state that is not stacked moves each a layer
     at a time. Either way each session reads as it would alone, bit for bit."""
-    from shadow.backends.qwen35 import slots
-    from shadow.backends.qwen35.fast import FastForward
-    from shadow.backends.qwen35.graphs import same_state
+    from shadow.backends.qwen35.fast.forward import FastForward
+    from shadow.backends.qwen35.fast.graphs import same_state
     from shadow.backends.qwen35.state import ModelState
 
     model = Qwen35.from_pretrained(checkpoints["bfloat16"], device=DEV, dtype="bfloat16")
@@ -522,7 +520,7 @@ def test_states_move_into_the_slots_in_one_launch_or_a_layer_at_a_time(checkpoin
     loose = ModelState(model.config, model.device, model.dtype, 0, [t.clone() for t in stacked.k],
                        [t.clone() for t in stacked.v], [t.clone() for t in stacked.conv],
                        [t.clone() for t in stacked.recurrent])
-    assert slots.sources(fast, [stacked, other]) and not slots.sources(fast, [loose, other])
+    assert fast.slots.sources([stacked, other]) and not fast.slots.sources([loose, other])
     for ids in chunks:
         fast.read_chunks([(ids, alone)])
         fast.read_chunks([(ids, stacked), (ids.flip(0), other)])  # one launch a kind each way
@@ -534,7 +532,7 @@ def test_states_move_into_the_slots_in_one_launch_or_a_layer_at_a_time(checkpoin
 def test_captures_run_with_the_collector_paused_and_restored():
     """A capture must not meet Python's collector (freeing a graph is a CUDA call a capture forbids);
     afterwards the collector is as it was, an error inside included."""
-    from shadow.backends.qwen35.graphs import collector_paused
+    from shadow.backends.qwen35.fast.graphs import collector_paused
 
     assert gc.isenabled()
     with pytest.raises(RuntimeError), collector_paused():

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from shadow.backends.qwen35 import gate_up
+from shadow.backends.qwen35.fast import gate_up
 
 SMALL = (32, 32, 32, 4, 1)  # tiles for the small widths here; the shipped shape needs 128 columns
 HIDDEN, INTER = 64, 96
@@ -67,5 +67,5 @@ def test_a_kernel_that_fails_to_build_leaves_cublas_serving(monkeypatch):
 
     monkeypatch.setattr(gate_up, "gate_up_silu", no_tma)
     x, w = _inputs(64, seed=2)
-    fast = SimpleNamespace(cfg=SimpleNamespace(intermediate_size=INTER), layers=[SimpleNamespace(gate_up=w)])
-    assert gate_up._choose_at(fast, x) == "kernel failed: RuntimeError: TMA descriptors need sm_90"
+    layers = [SimpleNamespace(gate_up=w)]
+    assert gate_up.choose_at(layers, x) == "kernel failed: RuntimeError: TMA descriptors need sm_90"

@@ -107,7 +107,7 @@ def _two_attention_layers() -> dict:
 def test_fast_graphs_replay_the_eager_kernels_bit_for_bit(tmp_path):
     """The captured pieces give the bits of the same pieces run eagerly, chunk after chunk."""
     from shadow.backends.qwen35 import Qwen35
-    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.fast.forward import FastForward
 
     ckpt = write_checkpoint(tmp_path / "m", _two_attention_layers(), dtype=torch.bfloat16)
     ids = torch.tensor(_session_ids(3 * 512, 1))

@@ -141,7 +141,7 @@ def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(shared_data, 
 def _fused_mlp_gives_cublas_bits(fast, forms: dict[str, str]) -> None:
     """Where warm-up took the fused MLP GEMM, it gives cuBLAS + ``silu_mul``'s bits on rows it did not
     see (other seeds), every layer; every read row count has a form and a reason."""
-    from shadow.backends.qwen35 import gate_up
+    from shadow.backends.qwen35.fast import gate_up
 
     assert set(forms) == {str(b * GRID) for b in fast.batches}, forms
     gen = torch.Generator(device="cuda").manual_seed(1858)
@@ -158,13 +158,13 @@ def _fused_mlp_gives_cublas_bits(fast, forms: dict[str, str]) -> None:
 def test_a_real_session_read_in_spans_equals_one_chunk_a_pass(shared_data, checkpoint):
     """One real session's chunks read in spans of 16, 2, 8, 1 and 4 chunks a pass (the spans captured
     and checked at warm-up) give every tensor of the same chunks read one pass each."""
-    from shadow.backends.qwen35 import graphs
-    from shadow.backends.qwen35.fast import FastForward
+    from shadow.backends.qwen35.fast import graphs
+    from shadow.backends.qwen35.fast.forward import FastForward
 
     model = Qwen35.from_pretrained(checkpoint, device="cuda", dtype="bfloat16")
     fast = FastForward(model, GRID, spans=(2, 4, 8, 16))
     fast.warm_up()
-    assert fast.report()["spans"] == {"2": "ok", "4": "ok", "8": "ok", "16": "ok"}, fast.refused_spans
+    assert fast.report()["spans"] == {"2": "ok", "4": "ok", "8": "ok", "16": "ok"}, fast.graphs.refused_spans
     last = _turns(shared_data)[1][-1]
     ids = torch.tensor(last.prompt_ids + last.output_ids, dtype=torch.long)
     chunks = ids.shape[0] // GRID

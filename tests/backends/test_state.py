@@ -64,15 +64,16 @@ def test_a_sessions_bytes_count_every_tensor_it_holds_checkpoints_included(check
 
 def test_a_reads_table_is_each_chunks_row_and_follows_grown_buffers() -> None:
     """``read_table`` keeps each session's checked KV addresses between passes (``ModelState.memo``):
-    its rows are ``attention.table_row``'s for every layer, session and chunk, in that order, and
+    its rows are the backend's ``table_row``'s for every layer, session and chunk, in that order, and
     when ``reserve`` replaces the buffers the next table points at the new ones and the memo lets
     the old ones go."""
     import gc
     import weakref
 
-    from shadow.backends.qwen35 import attention
-    from shadow.backends.qwen35.staging import read_table
+    from shadow.backends.qwen35.attention.triton import BM, TritonAttention
+    from shadow.backends.qwen35.fast.staging import read_table
 
+    attention = TritonAttention()
     cfg = Qwen35Config.from_dict(demo_text_config())
     heads = cfg.num_attention_heads
     grid, layers = 64, len(cfg.full_layers)
@@ -87,13 +88,13 @@ def test_a_reads_table_is_each_chunks_row_and_follows_grown_buffers() -> None:
                 for x in attention.table_row(at, grid, heads, s.k[i], s.v[i])]
 
     for seg in (grid, 2 * grid):
-        assert read_table(states, [s.length for s in states], seg, grid, layers, heads, like) == by_rows(seg)
+        assert read_table(states, [s.length for s in states], seg, grid, layers, heads, like, BM) == by_rows(seg)
     old = weakref.ref(states[2].k[0])
     states[2].length = KV_STEP - grid
     states[2].reserve(KV_STEP + grid)  # grown: new buffers at new addresses
     gc.collect()
     assert old() is None, "the memo still holds a buffer its state dropped"
-    assert read_table(states, [s.length for s in states], grid, grid, layers, heads, like) == by_rows(grid)
+    assert read_table(states, [s.length for s in states], grid, grid, layers, heads, like, BM) == by_rows(grid)
     states[1].length = states[1].capacity  # a state whose buffers are short of its chunk is refused
     with pytest.raises(ValueError, match="KV buffers hold"):
-        read_table(states, [s.length for s in states], grid, grid, layers, heads, like)
+        read_table(states, [s.length for s in states], grid, grid, layers, heads, like, BM)

@@ -106,8 +106,9 @@ def test_attention_read_compares_each_session_with_its_own_call(monkeypatch):
     session's rows are its own ``attend`` call's, and fail where one is not (on the CPU: the Triton
     kernel under the interpreter, the graph replaced by calling the launch)."""
     from benchmarks import read_rate_batch
-    from shadow.backends.qwen35 import attention
+    from shadow.backends.qwen35.attention.triton import TritonAttention
 
+    attention = TritonAttention()
     class Eager:
         def __init__(self, launch):
             self.replay = launch
@@ -122,9 +123,9 @@ def test_attention_read_compares_each_session_with_its_own_call(monkeypatch):
     alone = torch.empty_like(q)
     attention.attend(q, k, v, depth, alone)
 
-    row = read_rate_batch._attention_read(q, k, v, depth, alone, flops=1e9, b=3)
+    row = read_rate_batch._attention_read(attention, q, k, v, depth, alone, flops=1e9, b=3)
     assert row["equal"] and row["pass_ms"] == 2.0 and row["ours_ms"] == 2.0 / 3
     assert row["tflops"] == 3 * 1e9 / 2.0 / 1e9
     wrong = alone.clone()
     wrong[0, 0, 0] += 1
-    assert not read_rate_batch._attention_read(q, k, v, depth, wrong, flops=1e9, b=1)["equal"]
+    assert not read_rate_batch._attention_read(attention, q, k, v, depth, wrong, flops=1e9, b=1)["equal"]

@@ -15,8 +15,9 @@ import torch
 
 from benchmarks.warm_start import main
 from shadow import ShadowSettings, build_shadow
-from shadow.backends.qwen35 import attention, warm
+from shadow.backends.qwen35.attention import triton as attention
 from shadow.backends.qwen35.checkpoint import write_checkpoint
+from shadow.backends.qwen35.fast import warm
 from shadow.container import triton_cache
 from tests.backends.tiny import tiny
 

@@ -7,7 +7,7 @@ autotuning): the same shape always runs the same code, in every process, which i
 session read over many turns bit-equal to a fresh prefill on this path.
 
 Rows are tokens. Inputs are read through their row stride, so the kernels can read straight out
-of the merged projections (``fast.py``) without a copy. ``valid`` is a 1-element int tensor, the
+of the merged projections (``fast/forward.py``) without a copy. ``valid`` is a 1-element int tensor, the
 number of real rows: rows at or above it are padding that must leave the recurrent state alone
 (a question padded to a captured size). Being a tensor, it changes without a new capture.
 """

@@ -141,8 +141,8 @@ class Qwen35:
                 ))
         rd = cfg.rotary_dim
         # As transformers computes it (fp32 powers of a Python float base), so positions agree bit for bit.
-        self._inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
-        self._inv_freq = self._inv_freq.to(device)
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, rd, 2, dtype=torch.float32) / rd))
+        self.inv_freq = self.inv_freq.to(device)
         # "mask": SDPA with an explicit boolean mask (every backend, the CPU path);
         # "lower-right": SDPA with a bottom-right causal bias (CUDA: flash / memory-efficient kernels).
         self.attention = "lower-right" if device.type == "cuda" else "mask"
@@ -180,7 +180,7 @@ class Qwen35:
         state.reserve(start + n)
         ids = ids.to(self.device)
         positions = torch.arange(start, start + n, device=self.device, dtype=torch.float32)
-        freqs = positions[:, None] * self._inv_freq[None, :]
+        freqs = positions[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         mask = self._causal_mask(start, n)

@@ -7,7 +7,7 @@ session of ``n`` rows, a batched read ``n / grid`` sessions of ``grid`` rows. It
 written by one copy from pinned host memory, so they change with no new capture and no fill
 launches. ``valid`` counts the real rows of each session (a fork's padding comes after them; a read
 has none). A read's pass, captured whole, also takes the table its attention reads
-(``attention.attend_table``): a row per attention layer and grid chunk, each chunk's start and
+(``AttentionBackend.attend_table``): a row per attention layer and grid chunk, each chunk's start and
 split rule and its session's KV addresses; and where each session's conv and recurrent state lie
 (``slot_sources``), so that one launch a kind in its graph moves them into the static slots and one
 moves them back (``kernels.copy_slots``; zeros: nothing to move).
@@ -22,8 +22,11 @@ from typing import Any
 
 import torch
 
-from . import attention, attention_kernel
-from .state import ModelState
+from .. import kernels
+from ..attention import table as attention_table
+from ..attention.triton import split_fields
+from ..config import Qwen35Config
+from ..state import ModelState
 
 # Host staging slots per row count: the host may queue this many passes (a fork's decode) before it
 # waits for the oldest one's inputs to have reached the device.
@@ -32,7 +35,7 @@ STAGING_SLOTS = 4
 
 @dataclass(eq=False)
 class Rows:
-    """The attributes a piece sets are the same tensors on every replay."""
+    """One row count's static tensors. The attributes a piece sets are the same tensors on every replay."""
 
     n: int
     seg: int  # rows per session
@@ -153,14 +156,14 @@ def stacked(views: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
 
 def read_table(states: Sequence[ModelState], starts: Sequence[int], seg: int, grid: int, layers: int, heads: int,
-               like: torch.Tensor) -> list[int]:
-    """A read's attention table (``attention.attend_table``), flattened: a row per attention layer
-    and grid chunk, each at its own start. Host time the device waits for, so what does not change
-    from one pass to the next (a session's KV addresses, checked) is kept with the session
-    (``ModelState.memo``): 0.35 -> 0.08 ms of host code a pass of 8 sessions on a CPU
-    (``benchmarks/probes/read_host.py``), with the slots' addresses kept likewise."""
-    kv_heads, bm = like.shape[1], attention_kernel.block_rows(like.device.type, like.dtype, like.shape[2])
-    chunks = [[attention.split_fields(at, grid, heads, kv_heads, bm) for at in range(start, start + seg, grid)]
+               like: torch.Tensor, bm: int) -> list[int]:
+    """A read's attention table (``AttentionBackend.attend_table``), flattened: a row per attention
+    layer and grid chunk, each at its own start, split in row blocks of ``bm`` (``block_rows``).
+    Host time the device waits for, so what does not change from one pass to the next (a session's
+    KV addresses, checked) is kept with the session (``ModelState.memo``), as the slots' addresses
+    are (the host time it saves: benchmarks/README.md, ``read_host``)."""
+    kv_heads = like.shape[1]
+    chunks = [[split_fields(at, grid, heads, kv_heads, bm) for at in range(start, start + seg, grid)]
               for start in starts]
     held = [s.memo("kv", s.k + s.v, functools.partial(_kv_addresses, s)) for s in states]
     for (rows, _), start in zip(held, starts, strict=True):
@@ -179,6 +182,47 @@ def _kv_addresses(state: ModelState) -> tuple[int, list[tuple[int, int]]]:
     """The rows every KV buffer of ``state`` holds, and each layer's (K, V) addresses, checked as a
     table entry needs them."""
     for k, v in zip(state.k, state.v, strict=True):
-        attention.check_kv(k, v, 0)
+        attention_table.check_kv(k, v, 0)
     pairs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(state.k, state.v, strict=True)]
     return min(t.shape[0] for t in state.k + state.v), pairs
+
+
+class Staging:
+    """Each row count's ``Rows``, made on first use and kept, and the scratch buffers every row count
+    shares (one pass runs at a time)."""
+
+    def __init__(self, cfg: Qwen35Config, grid: int, n_attn: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.cfg, self.grid, self.n_attn, self.device, self.dtype = cfg, grid, n_attn, device, dtype
+        self.rows: dict[tuple[int, int, bool], Rows] = {}  # by (rows, rows a session, a read's)
+        self.scratch: dict[str, torch.Tensor] = {}  # by kind (``shared``)
+
+    def get(self, n: int, seg: int, read: bool, whole_forks: bool, chunked: bool) -> Rows:
+        """The ``Rows`` of ``n`` rows, ``seg`` a session, a read's or a fork's: with a table where the
+        pass reads its attention from one (a read's, or a fork's with ``whole_forks``), and fla's solve
+        buffer where it takes fla's chunked kernels (``chunked``)."""
+        rows = self.rows.get((n, seg, read))
+        if rows is None:
+            cfg = self.cfg
+            entries = n // self.grid if read else 1 if whole_forks else 0
+            table = (self.n_attn, entries, attention_table.FIELDS) if entries else ()
+            attn = self.shared("attn", n * cfg.num_attention_heads * cfg.head_dim).view(n, -1, cfg.head_dim)
+            rows = Rows.make(n, seg, attn, self.device, table)
+            if chunked:  # the solve writes the same blocks of a row at any row count
+                rows.solve = self.shared("solve", n * cfg.linear_num_value_heads * kernels.FLA_CHUNK).view(
+                    1, n, -1, kernels.FLA_CHUNK)
+            self.rows[(n, seg, read)] = rows
+        return rows
+
+    def shared(self, kind: str, numel: int) -> torch.Tensor:
+        """The first ``numel`` elements of one zeroed buffer of ``kind`` every row count shares, made
+        anew when a row count needs more. Apart, the 0.8B's 20 read shapes would hold 0.5 GB of them
+        (4 KB of attention output and 2 KB of solve a row)."""
+        held = self.scratch.get(kind)
+        if held is None or held.numel() < numel:
+            held = self.scratch[kind] = torch.zeros(numel, device=self.device, dtype=self.dtype)
+        return held[:numel]
+
+    def nbytes(self) -> int:
+        """The row counts' own bytes and the shared buffers'."""
+        own = sum(r.nbytes() for r in self.rows.values())
+        return own + sum(t.numel() * t.element_size() for t in self.scratch.values())

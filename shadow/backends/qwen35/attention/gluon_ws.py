@@ -1,18 +1,17 @@
-"""``attention_wg``'s 128-row programs, warp-specialised: the chunk attention on a Hopper
-(``attention_kernel``: "auto" resolves to it).
+"""``gluon_wg``'s 128-row programs, warp-specialised (the ``gluon-ws`` backend, ``auto`` on a Hopper).
 
-Why: in ``attention_wg`` the two warpgroups of a program walk the key tiles in lockstep, since a
-slot is fetched into again only after a CTA barrier that both reach. Here each warpgroup is a
-partition of its own (64 query rows), and two one-warp partitions fetch the key and the value
-tiles, each slot handed back by both consumers on an "empty" barrier: a consumer never waits for
-the other, so one can take its softmax while the other's products run (FlashAttention-3's
-ping-pong, left to the warp schedulers).
+Why: in ``gluon_wg`` the two warpgroups of a program walk the key tiles in lockstep, since a slot is
+fetched into again only after a CTA barrier that both reach. Here each warpgroup is a partition of
+its own (64 query rows), and two one-warp partitions fetch the key and the value tiles, each slot
+handed back by both consumers on an "empty" barrier: a consumer never waits for the other, so one
+can take its softmax while the other's products run (FlashAttention-3's ping-pong, left to the warp
+schedulers).
 
-Exactness: each warpgroup runs ``attention_wg``'s code for its 64 rows: the same tiles in the
-same order, the same instruction shapes, the same row reductions and the same epilogue, over the
-same key range (the program's, as there). So the bits are ``attention_wg``'s at 128 rows, and the
-split rule its (``attention_kernel.block_rows``): ``torch.equal`` to it in every case of
-``benchmarks/probes/attention_triton.py --leads ws`` on the H200 (``results/attention_triton-ws.json``).
+Exactness: each warpgroup runs ``gluon_wg``'s key loop for its 64 rows (``gluon.consume_tiles``):
+the same tiles in the same order, the same instruction shapes, the same row reductions and the same
+epilogue, over the same key range (the program's, as there). So the bits are ``gluon_wg``'s at 128
+rows, and so is the split rule: ``torch.equal`` to it in every case of the attention probe on the
+GPU, and in the backend's self-check.
 """
 
 from __future__ import annotations
@@ -23,16 +22,12 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from . import attention
-from .attention_wg import BN, _softmax_tile, _store_rows, _tma_load, kv_layout
+from . import triton as tri
+from .gluon import BN, consume_tiles, kv_layout, store_rows, tma_load
+from .gluon_wg import WarpgroupAttention
+from .table import check_kv
 
 ROWS = 64  # a consumer warpgroup's query rows; a program has two
 _ROWS, _BN = gl.constexpr(ROWS), gl.constexpr(BN)  # as the kernels read them
@@ -45,12 +40,9 @@ def _consume(wg: gl.constexpr, q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, 
              v_empty, pid_m, h, e, s, start, n, lo, hi, tiles, max_splits, kv_heads, to_part, stride_qt, stride_qh,
              stride_ot, stride_oh, rows_total, qk_scale, G):
     D: gl.constexpr = q_smem.type.shape[2]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    V_STAGES: gl.constexpr = v_smem.type.shape[0]
     BM: gl.constexpr = _ROWS
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, _BN, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     load_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     base = pid_m * 2 * BM + wg * BM  # this warpgroup's first packed row
 
@@ -64,36 +56,11 @@ def _consume(wg: gl.constexpr, q_ptr, o_ptr, part_ptr, lse_ptr, q_smem, k_smem, 
     fence_async_shared()
 
     full = (gl.minimum(hi, start + base // G + 1) - lo) // _BN
-    rows_s = base + gl.arange(0, BM, layout=gl.SliceLayout(1, s_layout))
-    pos = start + rows_s // G
-    cols0 = gl.arange(0, _BN, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([BM], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-    l_i = gl.zeros([BM], gl.float32, layout=gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BM, D], gl.float32, layout=o_layout)
-    zeros_s = gl.zeros([BM, _BN], gl.float32, layout=s_layout)
-    p_prev = gl.zeros([BM, _BN], gl.bfloat16, layout=p_layout)
-    for j in range(0, tiles):
-        slot = j % STAGES
-        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
-        scores = warpgroup_mma(q_one, k_smem.index(slot).permute((1, 0)), zeros_s, use_acc=False, is_async=True)
-        before = gl.maximum(j - 1, 0)
-        mbarrier.wait(v_ready.index(before % V_STAGES), (before // V_STAGES) & 1)
-        acc = warpgroup_mma(p_prev, v_smem.index(before % V_STAGES), acc, is_async=True)
-        scores = warpgroup_mma_wait(num_outstanding=1, deps=(scores, ))
-        mbarrier.arrive(k_empty.index(slot), count=1)  # this warpgroup is done with tile j's keys
-        p, alpha, m_i, l_i = _softmax_tile(scores, m_i, l_i, j, full, lo, hi, pos, cols0, qk_scale, _BN)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(v_empty.index(before % V_STAGES), count=1, pred=j > 0)  # and with tile j - 1's values
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-    if tiles > 0:
-        last = tiles - 1
-        mbarrier.wait(v_ready.index(last % V_STAGES), (last // V_STAGES) & 1)
-        acc = warpgroup_mma(p_prev, v_smem.index(last % V_STAGES), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    acc, m_i, l_i = consume_tiles(q_one, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, k_empty, v_empty, base,
+                                  start, lo, hi, full, tiles, h, qk_scale, G, BM, _BN, D, False, s_layout, o_layout)
 
-    _store_rows(acc, m_i, l_i, base, o_ptr, part_ptr, lse_ptr, (e * max_splits + s) * kv_heads + h, h, n, rows_total,
-                stride_ot, stride_oh, G, to_part, s_layout, o_layout)
+    store_rows(acc, m_i, l_i, base, o_ptr, part_ptr, lse_ptr, (e * max_splits + s) * kv_heads + h, h, n, rows_total,
+               stride_ot, stride_oh, G, to_part, s_layout, o_layout)
 
 
 @gluon.jit
@@ -114,14 +81,14 @@ def _fetch(desc, smem, ready, empty, lo, h, tiles):
         slot = j % SLOTS
         mbarrier.wait(empty.index(slot), ((j // SLOTS) & 1) ^ 1)  # a fresh barrier passes phase 1 at once
         mbarrier.expect(ready.index(slot), _BN * D * 2)
-        _tma_load(desc, [lo + j * _BN, h * D], ready.index(slot), smem.index(slot))
+        tma_load(desc, [lo + j * _BN, h * D], ready.index(slot), smem.index(slot))
 
 
 @gluon.jit
 def _attn_ws_kernel(q_ptr, o_ptr, part_ptr, lse_ptr, tab_ptr, n, max_splits, stride_qt, stride_qh, stride_kt, stride_ot,
                     stride_oh, rows_total, qk_scale, G: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                     V_STAGES: gl.constexpr, Q_LAYOUT: gl.constexpr, KV_LAYOUT: gl.constexpr, REGS: gl.constexpr):
-    # attention_wg's table mode, the only one here (a launch without a table fails to lower in Triton
+    # gluon_wg's table mode, the only one here (a launch without a table fails to lower in Triton
     # 3.6): program axis 2 is (entry, split), the entry's numbers from its row of the table
     pid_m = gl.program_id(0)
     h = gl.program_id(1)
@@ -187,34 +154,50 @@ MAXNREG, REGS = 168, 240
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor,
            stages: int = 3, v_stages: int = 2) -> None:
-    """``attention_wg.attend`` at 128 rows a program, through this kernel: as a table of one entry (the
+    """``gluon_wg.attend`` at 128 rows a program, through this kernel: as a table of one entry (the
     kernel's launch without a table fails to lower in Triton 3.6), the same split rule and merge. The
     row crosses from pinned memory without waiting for the stream (a synchronous copy cost a chunk's
     question about a millisecond at 32k), so the call cannot be captured in a graph: a replay would
     copy whatever that host memory holds then."""
     if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("attention_ws.attend stages its table from host memory: not in a captured graph")
+        raise RuntimeError("gluon_ws.attend stages its table from host memory: not in a captured graph")
     n, heads, _ = q.shape
-    attention.check_kv(keys, values, start + n)
-    step = attention.split_len(n * (heads // keys.shape[1]), keys.shape[1], start + n, 2 * ROWS, BN)
+    check_kv(keys, values, start + n)
+    step = tri.split_len(n * (heads // keys.shape[1]), keys.shape[1], start + n, 2 * ROWS, BN)
     row = torch.tensor([[start, step, -(-(start + n) // step), keys.data_ptr(), values.data_ptr()]]).pin_memory()
     attend_table(q, row.to(q.device, non_blocking=True), keys, out, stages, v_stages)
 
 
 def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, stages: int = 3,
                  v_stages: int = 2) -> None:
-    """``attention_wg.attend_table`` at 128 rows a program, through this kernel."""
+    """``gluon_wg.attend_table`` at 128 rows a program, through this kernel."""
     entries = table.shape[0]
     rows, heads, d = q.shape
     n, kv = rows // entries, like.shape[1]
     g = heads // kv
     rows_total = n * g
-    most = attention.most_splits(rows_total, kv, 2 * ROWS)
+    most = tri.most_splits(rows_total, kv, 2 * ROWS)
     part = torch.empty(entries * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(entries * most * kv * rows_total, device=q.device, dtype=torch.float32)
-    attention._scratch_for_descriptors(q.device)
+    tri.scratch_for_descriptors(q.device)
     _attn_ws_kernel[(triton.cdiv(rows_total, 2 * ROWS), kv, entries * most)](
         q, out, part, lse, table, n, most, q.stride(0), q.stride(1), like.stride(0), out.stride(0), out.stride(1),
-        rows_total, d ** -0.5 * attention.LOG2E, **_shapes(g, d, stages, v_stages))
+        rows_total, d ** -0.5 * tri.LOG2E, **_shapes(g, d, stages, v_stages))
     if most > 1:
-        attention.merge_table(part, lse, out, table, n, most, kv, rows_total, g, d)
+        tri.merge_table(part, lse, out, table, n, most, kv, rows_total, g, d)
+
+
+class SpecialisedAttention(WarpgroupAttention):
+    """``gluon-ws`` (``auto`` on a Hopper): this kernel for a table's chunks that ``gluon-wg`` serves,
+    with its bits and split rule. A single call keeps ``gluon-wg``'s launch: this kernel's would stage
+    a one-entry table from the host (``attend``), which costs a question more (benchmarks/README.md,
+    "Attention kernels"); a read's pass, which brings its table, takes this one."""
+
+    name = "gluon-ws"
+    priority = 2
+
+    def attend_table(self, q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor) -> None:
+        if self.serves(q.device.type, q.dtype, q.shape[2]):
+            attend_table(q, table, like, out, self.STAGES, self.V_STAGES)
+            return
+        super().attend_table(q, table, like, out)

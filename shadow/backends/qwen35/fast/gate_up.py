@@ -12,7 +12,7 @@ the H100 its outputs equal cuBLAS's then ``silu_mul``'s bit for bit at 512 to 8,
 (``benchmarks/results/gemm_silu-h100.json``). That equality is a property of cuBLAS's kernel choice
 on a device, not a law, so ``choose`` checks it at warm-up for every row count a read takes and the
 fast path uses the fused form only where it holds: a session's bits are then the same whichever
-form a pass ran, and the warm-up's batch check (``graphs.check``) compares batched against alone
+form a pass ran, and the warm-up's batch check (``Graphs.check``) compares batched against alone
 on top.
 
 Batch invariance of the kernel itself: a program's output rows come from those rows of ``x`` and
@@ -32,8 +32,8 @@ import logging
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -41,10 +41,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import graphs, kernels
-
-if TYPE_CHECKING:
-    from .fast import FastForward
+from .. import kernels
+from ..config import Qwen35Config
+from ..merged import FullW, GdnW
+from .graphs import collector_paused
 
 log = logging.getLogger(__name__)
 
@@ -152,40 +152,39 @@ def _graph_ms(forms: tuple[object, object], calls: int, rounds: int = 5) -> tupl
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def choose(fast: FastForward) -> dict[int, str]:
-    """Per row count of a read's pass: "fused" where the fused form gives cuBLAS's bits (every
-    layer's weight, random rows) and is faster, else why not (CUDA only; off it, nothing). Its
-    seconds go to ``fast.mlp_choose_s``."""
+def choose(layers: Sequence[GdnW | FullW], cfg: Qwen35Config, dtype: torch.dtype,
+           counts: Sequence[int]) -> tuple[dict[int, str], float]:
+    """Per row count in ``counts`` (a read's passes): "fused" where the fused form gives cuBLAS's bits
+    (every layer's weight, random rows) and is faster, else why not (CUDA only; off it, nothing);
+    and the seconds the choice took."""
     t0 = time.perf_counter()
-    cfg, dev = fast.cfg, fast.device
+    dev = layers[0].gate_up.device
     if dev.type != "cuda" or not fits(cfg.hidden_size, cfg.intermediate_size):
-        return {}
-    counts = sorted({b * fast.grid for b in fast.batches} | {k * fast.grid for k in fast.spans})
+        return {}, 0.0
     gen = torch.Generator(device=dev).manual_seed(35)
-    xs = torch.randn(counts[-1], cfg.hidden_size, device=dev, generator=gen).to(fast.model.dtype)
-    with graphs.collector_paused():  # the timing captures graphs
-        chosen = {n: _choose_at(fast, xs[:n]) for n in counts}
-    fast.mlp_choose_s = time.perf_counter() - t0
+    xs = torch.randn(max(counts), cfg.hidden_size, device=dev, generator=gen).to(dtype)
+    with collector_paused():  # the timing captures graphs
+        chosen = {n: choose_at(layers, xs[:n]) for n in sorted(counts)}
     taken = [n for n, why in chosen.items() if why == "fused"]
     log.info("fused gate/up + SiLU at %s rows; not at %s", taken,
              {n: why for n, why in chosen.items() if why != "fused"})
-    return chosen
+    return chosen, time.perf_counter() - t0
 
 
-def _choose_at(fast: FastForward, x: torch.Tensor) -> str:
+def choose_at(layers: Sequence[GdnW | FullW], x: torch.Tensor) -> str:
     """"fused" if the fused form gives cuBLAS's bits for ``x`` with every layer's weight and is the
     faster at its row count, else why not."""
-    ours = torch.empty(x.shape[0], fast.cfg.intermediate_size, device=x.device, dtype=x.dtype)
+    ours = torch.empty(x.shape[0], layers[0].gate_up.shape[0] // 2, device=x.device, dtype=x.dtype)
     theirs = torch.empty_like(ours)
     try:
-        gate_up_silu(x, fast.layers[0].gate_up, ours)
+        gate_up_silu(x, layers[0].gate_up, ours)
     except Exception as e:  # a GPU or Triton this kernel does not compile for: warm-up goes on with cuBLAS
         return f"kernel failed: {type(e).__name__}: {str(e)[:200]}"
-    for i, lw in enumerate(fast.layers):
+    for i, lw in enumerate(layers):
         gate_up_silu(x, lw.gate_up, ours)
         unfused(x, lw.gate_up, theirs)
         if not torch.equal(ours, theirs):
             return f"bits differ from cuBLAS + silu_mul (layer {i})"
-    w = fast.layers[0].gate_up
+    w = layers[0].gate_up
     fused_ms, cublas_ms = _graph_ms((partial(gate_up_silu, x, w, ours), partial(unfused, x, w, theirs)), TIMING_CALLS)
     return "fused" if fused_ms < cublas_ms else f"slower ({fused_ms * 1e3:.1f} us vs {cublas_ms * 1e3:.1f})"

@@ -1,11 +1,13 @@
-"""Chunk attention for the fast path: a Triton flash kernel for head dim 256 with the query heads
-of a KV head packed as rows, split over the keys, merged by log-sum-exp.
+"""Chunk attention in Triton (the ``triton`` backend, and the kernel every other backend hands the
+chunks it does not serve): a flash kernel for head dim 256 with the query heads of a KV head packed
+as rows, split over the keys, merged by log-sum-exp. The split rule and the merge here are every
+backend's.
 
 Why our own kernel: a chunk is 512 queries against up to 200k keys at head dim 256 with 4 query
-heads per KV head. torch's flash (FA2) runs that at about 300 TFLOP/s on an H200, and cuDNN is
-slower (``benchmarks/probes/attention_variants.py``). Packing the 4 query heads of a KV head as rows
-(``m = token * G + head``) makes every key tile serve 4x the rows, and splitting the keys fills
-the GPU's SMs when there are only 512 queries.
+heads per KV head. Packing the 4 query heads of a KV head as rows (``m = token * G + head``) makes
+every key tile serve 4x the rows, and splitting the keys fills the GPU's SMs when there are only
+512 queries. (torch's flash and cuDNN against it, and the variants measured and not kept: in
+benchmarks/README.md, "Attention kernels".)
 
 Exactness: the split count and every block shape depend on ``(rows, end)`` alone, never on a
 buffer's capacity or on the device's state, and the merge adds the splits in a fixed order. The
@@ -18,22 +20,8 @@ past ``n`` (padding) come last and are not written.
 Hopper: the key tiles every row of a block sees come through the copy engine (TMA, a host tensor
 descriptor of the first ``end`` rows, so nothing past the chunk is read); the causal edge and a
 split's ragged end take masked pointer loads. The scale is folded into one multiply-add a score.
-Measured and not kept (``benchmarks/results/history/attention_triton_*.json``): the value
-accumulator in two halves of the head dim, Triton's warp specialisation of the key loop, a lazy
-rescale (only when a row's maximum grew by 2^8), 64-row blocks two to an SM, other merge shapes,
-the query block through the copy engine (a 3-D descriptor reshaped to the packed rows: 26 spills,
-338 TFLOP/s at 32k against 514 on an H100, ``attention_triton_4be69bc-qtma.json``), the probabilities'
-2^x on the FMA pipes for half the columns or all (469 and 431 against 521, in git at c59e315), the
-key loop pipelined by hand (each tile's scores issued before the softmax of the tile before: too
-much shared memory at 3 stages, 372 at 2, 479 in 128-row blocks as without it; in git at 9863a3d),
-row blocks launched heaviest first (a batch of 8 at 0-2k 3 % faster, at 32k and 100k up to 4 %
-slower; ``attention_table.json`` at ef2cdc6).
 Triton's interpreter runs the same paths, descriptor loads too, so the CPU tests cover them (Triton
 3.9's, the project's; the interpreter of the GPU image's Triton 3.6 failed 4 of those 5 tests).
-
-Where ``attention_kernel`` says so (a lead, off by default), ``attend`` and ``attend_table`` hand
-over to ``attention_wg`` (Gluon: 128 rows a program, two warpgroups sharing each key and value
-tile; its own split rule, the same merge); this kernel serves everywhere else and in the probes.
 """
 
 from __future__ import annotations
@@ -47,7 +35,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import attention_kernel
+from .backend import AttentionBackend
+from .table import check_kv
 
 LOG2E = 1.4426950408889634
 
@@ -200,11 +189,10 @@ def _merge_kernel(part_ptr, lse_ptr, o_ptr, tab_ptr, n, splits, max_splits, rows
 # On the GPU the products are bf16 tensor-core products.
 UPCAST = os.environ.get("TRITON_INTERPRET") == "1"
 
-# Fixed launch shapes (never autotuned; see the module docstring). On an H200, 64 x 64 tiles with 4
-# warps and 3 stages of K and V through TMA, the scale folded, ran at 513 TFLOP/s at 32k and 545 at
-# 100k (512 rows; 128 x 64 with 8 warps: 483 and 517; results/history/attention_triton_b159447.json).
+# Fixed launch shapes, never autotuned (the shapes measured against them: benchmarks/README.md,
+# "Attention kernels"): 64 x 64 tiles, 4 warps, 3 stages of K and V through TMA.
 BM, BN, WARPS, STAGES = (16, 16, 4, 1) if UPCAST else (64, 64, 4, 3)
-SMS = 132  # an H200's multiprocessors: the split rule fills one or two waves of them
+SMS = 132  # a Hopper's multiprocessors: the split rule fills one or two waves of them
 MIN_SPLIT = 64 if UPCAST else 1024
 # K and V tiles through the copy engine (TMA); the scale folded into one multiply-add a score. Off,
 # they give the kernel as it was at 80fc4c2 (the probe's baseline).
@@ -266,10 +254,6 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     """``out[t, h] = softmax(q[t, h] . keys[:start + t + 1, h // G]) . values`` for ``q`` of shape
     ``[n, H, D]`` and ``keys``/``values`` of shape ``[>= start + n, KV, D]`` (rows past ``start + n``
     are not read). Returns the launched attention kernel (its registers and spills, for the probes)."""
-    shipped = (bm, bn, warps, stages, min_split, target, tma, fold) == (BM, BN, WARPS, STAGES, MIN_SPLIT, None, TMA,
-                                                                      FOLD)
-    if shipped and attention_kernel.use_wg(q):  # a probe's own tiles stay on this module's kernel
-        return attention_kernel.gluon_attend(q, keys, values, start, out)
     n, heads, d = q.shape
     kv = keys.shape[1]
     g = heads // kv
@@ -300,6 +284,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     return kernel
 
 
+MERGE_BM = 16
+
+
 def merge(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, n: int, splits: int, kv: int, rows_total: int,
           g: int, d: int) -> None:
     """One chunk's splits (``part``, ``lse``, as the kernel stores them) into ``out``, in a fixed order."""
@@ -308,48 +295,22 @@ def merge(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, n: int, spli
                                                          TABLE=False, num_warps=4)
 
 
-# The table a pass's attention reads on the device: one row an entry (a session's chunk), of
-# (start, split length, splits, K's address, V's address), int64.
-TABLE_FIELDS = 5
-MERGE_BM = 16
-
-
-def table_row(start: int, n: int, heads: int, keys: torch.Tensor, values: torch.Tensor) -> list[int]:
-    """An entry's row: a chunk of ``n`` rows at ``start`` over ``keys``/``values`` (``[>= start + n,
-    KV, D]``, rows first and contiguous), with the split rule ``attend`` applies at that depth."""
-    check_kv(keys, values, start + n)
-    bm = attention_kernel.block_rows(keys.device.type, keys.dtype, keys.shape[2])
-    return [*split_fields(start, n, heads, keys.shape[1], bm), keys.data_ptr(), values.data_ptr()]
-
-
-def check_kv(keys: torch.Tensor, values: torch.Tensor, rows: int) -> None:
-    """What a table entry needs of its KV buffers: contiguous, on 16 bytes, at least ``rows`` rows."""
-    kv, d = keys.shape[1], keys.shape[2]
-    for t in (keys, values):
-        if not t.is_contiguous() or t.data_ptr() % 16 or t.shape[0] < rows:
-            raise ValueError(f"a table entry needs contiguous KV rows [>= {rows}, {kv}, {d}] on 16 bytes, "
-                             f"got {list(t.shape)} with strides {t.stride()} at {t.data_ptr() % 16} past 16")
-
-
 @functools.lru_cache(maxsize=4096)
 def split_fields(start: int, n: int, heads: int, kv_heads: int, bm: int) -> tuple[int, int, int]:
     """An entry's (start, split length, splits): ``attend``'s rule for a chunk of ``n`` rows at
-    ``start``, in row blocks of ``bm`` (``attention_kernel.block_rows``: the kernel that reads it)."""
+    ``start``, in row blocks of ``bm`` (``block_rows``: the kernel that reads it)."""
     step = split_len(n * (heads // kv_heads), kv_heads, start + n, bm)
     return start, step, -(-(start + n) // step)
 
 
 def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor, tma: bool = TMA) -> None:
-    """``attend`` for every entry of ``table`` (``[E, TABLE_FIELDS]`` on ``q``'s device) in one launch
+    """``attend`` for every entry of ``table`` (``[E, table.FIELDS]`` on ``q``'s device) in one launch
     and one merge, the grid fixed by the shapes alone, so that it can be captured once and replayed
     at any depths: entry e's queries are rows ``[e * n, (e + 1) * n)`` of ``q`` (``[E * n, H, D]``)
     and ``out``, over the KV rows at its addresses. Each entry runs ``attend``'s code on its own
     numbers, in the same order (its split length and count are ``attend``'s at its depth), so it
     gives ``attend``'s bits for that chunk whatever the other entries hold. ``like`` is any tensor of
     the KV rows' dtype and ``[.., KV, D]`` contiguous layout (the kernel takes its strides)."""
-    if attention_kernel.use_wg(q):
-        attention_kernel.gluon_attend_table(q, table, like, out)
-        return
     entries = table.shape[0]
     rows, heads, d = q.shape
     n, kv = rows // entries, like.shape[1]
@@ -359,7 +320,7 @@ def attend_table(q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: 
     part = torch.empty(entries * most * kv * rows_total, d, device=q.device, dtype=torch.float32)
     lse = torch.empty(entries * most * kv * rows_total, device=q.device, dtype=torch.float32)
     if tma:
-        _scratch_for_descriptors(q.device)
+        scratch_for_descriptors(q.device)
     _attn_kernel[(triton.cdiv(rows_total, BM), kv, entries * most)](
         q, like, like, like, like, out, part, lse, table, 0, n, 0, 0, most, q.stride(0), q.stride(1), like.stride(0),
         like.stride(1), like.stride(0), like.stride(1), out.stride(0), out.stride(1), rows_total, d ** -0.5 * LOG2E,
@@ -377,39 +338,10 @@ def merge_table(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, table:
         TABLE=True, num_warps=4)
 
 
-@triton.jit
-def _write_rows_kernel(k_src, v_src, tab_ptr, n, W: tl.constexpr, BR: tl.constexpr):
-    e, blk = tl.program_id(0), tl.program_id(1)
-    row = tab_ptr + e * 5
-    start = tl.load(row)
-    k_dst = tl.multiple_of(tl.load(row + 3), 16).to(tl.pointer_type(k_src.dtype.element_ty))
-    v_dst = tl.multiple_of(tl.load(row + 4), 16).to(tl.pointer_type(v_src.dtype.element_ty))
-    r = blk * BR + tl.arange(0, BR)
-    c = tl.arange(0, W)
-    ok = (r < n)[:, None]
-    src = (e * n + r).to(tl.int64)[:, None] * W + c[None, :]
-    dst = (start + r).to(tl.int64)[:, None] * W + c[None, :]
-    tl.store(k_dst + dst, tl.load(k_src + src, mask=ok), mask=ok)
-    tl.store(v_dst + dst, tl.load(v_src + src, mask=ok), mask=ok)
-
-
-def write_rows(keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor) -> None:
-    """Entry e's K and V rows (rows ``[e * n, (e + 1) * n)`` of ``keys``/``values``, ``[E * n, KV, D]``
-    contiguous) into its session's buffers at its start, the addresses read from ``table``: one
-    launch however many sessions, and nothing the host computes per pass beyond the table."""
-    entries = table.shape[0]
-    n = keys.shape[0] // entries
-    width = keys.shape[1] * keys.shape[2]
-    if not (keys.is_contiguous() and values.is_contiguous()) or width != triton.next_power_of_2(width):
-        raise ValueError(f"write_rows takes contiguous rows of a power-of-two width, got {list(keys.shape)}")
-    br = 16
-    _write_rows_kernel[(entries, triton.cdiv(n, br))](keys, values, table, n, W=width, BR=br, num_warps=4)
-
-
 _scratch_set = False
 
 
-def _scratch_for_descriptors(device: torch.device) -> None:
+def scratch_for_descriptors(device: torch.device) -> None:
     """Tensor descriptors made on the device (``attend_table``) need scratch memory from the caller."""
     global _scratch_set
     if _scratch_set:
@@ -422,14 +354,33 @@ def _scratch_for_descriptors(device: torch.device) -> None:
     _scratch_set = True
 
 
-def attend_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
-    """The same attention in fp32 torch: what the kernel is checked against."""
-    n, heads, d = q.shape
-    g = heads // keys.shape[1]
-    end = start + n
-    k = keys[:end].float().repeat_interleave(g, dim=1)  # [end, H, D]
-    v = values[:end].float().repeat_interleave(g, dim=1)
-    scores = torch.einsum("thd,khd->htk", q.float(), k) * d ** -0.5
-    allowed = torch.arange(end, device=q.device)[None, :] <= (start + torch.arange(n, device=q.device))[:, None]
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
-    return torch.einsum("htk,khd->thd", scores.softmax(-1), v)
+class TritonAttention(AttentionBackend):
+    """This module's kernel for every chunk: on any CUDA GPU, and on the CPU under Triton's
+    interpreter (the tests)."""
+
+    name = "triton"
+    priority = 0
+
+    @classmethod
+    def why_unavailable(cls, device: torch.device) -> str:
+        if device.type == "cuda" or UPCAST:
+            return ""
+        return "off CUDA, Triton's kernels run only under its interpreter (TRITON_INTERPRET=1, for tests)"
+
+    def fits(self, n: int, heads: int, kv_heads: int, head_dim: int) -> bool:
+        return fits(n, heads, kv_heads, head_dim)
+
+    def block_rows(self, device_type: str, dtype: torch.dtype, head_dim: int) -> int:
+        return BM
+
+    def attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, out: torch.Tensor) -> Any:
+        return attend(q, keys, values, start, out)
+
+    def attend_table(self, q: torch.Tensor, table: torch.Tensor, like: torch.Tensor, out: torch.Tensor) -> None:
+        attend_table(q, table, like, out)
+
+    def table_row(self, start: int, n: int, heads: int, keys: torch.Tensor, values: torch.Tensor) -> list[int]:
+        """(``[>= start + n, KV, D]`` buffers, rows first and contiguous.)"""
+        check_kv(keys, values, start + n)
+        bm = self.block_rows(keys.device.type, keys.dtype, keys.shape[2])
+        return [*split_fields(start, n, heads, keys.shape[1], bm), keys.data_ptr(), values.data_ptr()]

@@ -6,10 +6,8 @@ tensors are never written; its KV rows above the committed ones are scratch.
 Where a read's attention comes from a table (``FastForward.whole_forks``), a fork's pass does too:
 its layers are one captured graph and its logits another, with a one-entry table staged per pass
 (the fork's start, its split rule and the session's KV addresses), where the piecewise form ran six
-eager attention calls between seven graphs. On an H100 (``benchmarks/probes/fork_whole_ab.py``, both
-forms in one process) a 300-id question took 3.37 / 4.81 ms at 32k / 100k against 3.53 / 5.44, a
-decode step 1.64 ms a token at 32k against 1.72: what a decode step costs is not the host's launches
-but the graph's own few hundred kernels at one row. From 16 rows the table's kernel gives
+eager attention calls between seven graphs (both forms measured: benchmarks/README.md, the forks'
+section). From 16 rows the table's kernel gives
 ``attend``'s bits, so a question's logits are the piecewise form's; a decode step's one row, which
 piecewise takes torch's flash kernel, takes ours too (its split rule a function of the depth alone,
 as everywhere).
@@ -17,36 +15,41 @@ as everywhere).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-from . import piecewise
-from .staging import read_table
-from .state import ModelState
+from ..state import ModelState
 
-if TYPE_CHECKING:
-    from .fast import FastForward
+
+class ForkPasses(Protocol):
+    """What a fork runs on: the forward's grid, its pass sizes and one fork pass (``FastForward``)."""
+
+    grid: int
+
+    def size_for(self, n: int) -> int: ...
+
+    def fork_pass(self, ids: torch.Tensor, state: ModelState, real: int, logits: bool) -> torch.Tensor | None: ...
 
 
 class Fork:
     """A fork in progress: ids are pushed through whole-grid passes and one padded pass."""
 
-    def __init__(self, fast: FastForward, state: ModelState, committed: int) -> None:
-        self.fast = fast
+    def __init__(self, passes: ForkPasses, state: ModelState, committed: int) -> None:
+        self.passes = passes
         self.state = state
         self.committed = committed
         self.logits: torch.Tensor | None = None
 
     def extend(self, ids: list[int]) -> Fork:
-        fast, state = self.fast, self.state
+        passes, state = self.passes, self.state
         pos = 0
         while pos < len(ids):
-            take = min(fast.grid, len(ids) - pos)
-            size = fast._size_for(take)
+            take = min(passes.grid, len(ids) - pos)
+            size = passes.size_for(take)
             piece = ids[pos:pos + take] + [0] * (size - take)  # padding: any valid id, masked out
             batch = torch.tensor(piece, dtype=torch.long)
-            self.logits = run(fast, batch, state, take, logits=pos + take == len(ids))
+            self.logits = passes.fork_pass(batch, state, take, logits=pos + take == len(ids))
             state.length += take
             pos += take
         return self
@@ -56,7 +59,7 @@ class Fork:
         device, with no trip to the host in between, so the host queues passes while the GPU runs
         them; the host reads the tokens every ``look_every`` and cuts at the first stop id (the
         passes queued after it only wrote scratch rows above the committed ones)."""
-        fast, state = self.fast, self.state
+        passes, state = self.passes, self.state
         out: list[int] = []
         queued: list[torch.Tensor] = []
         while self.logits is not None:
@@ -70,32 +73,9 @@ class Fork:
                 if len(out) == max_new:
                     return out
             step = queued[-1] if queued else torch.tensor([out[-1]])
-            self.logits = run(fast, step, state, 1, logits=True)
+            self.logits = passes.fork_pass(step, state, 1, logits=True)
             state.length += 1
         return out
 
     def close(self) -> None:
         self.state.truncate(self.committed)
-
-
-def run(fast: FastForward, ids: torch.Tensor, state: ModelState, real: int, logits: bool) -> torch.Tensor | None:
-    """One pass of a fork: ``ids`` (a captured fork size, the first ``real`` of them real) at the
-    state's length, on slot 0. Returns the logits of the last real row if asked."""
-    if not fast.whole_forks:
-        return piecewise.run(fast, ids, [state], real, logits=logits)
-    r = fast._rows_for(ids.shape[0])
-    start = state.length
-    state.reserve(start + r.n)
-    cfg = fast.cfg
-    r.stage(ids, [start], real, read_table([state], [start], r.n, r.n, fast.n_attn, cfg.num_attention_heads,
-                                            fast._kv_like))
-    if r.whole is not None:
-        r.whole.replay()
-        if logits:
-            r.graphs[0].replay()
-    else:
-        fast._table_pass(r, read=False)
-        if logits:
-            fast._logits(r)
-    return r.logits if logits else None
-
