@@ -53,10 +53,11 @@ from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Shadow
 from shadow.core.slot import Slot
 
-from .narrator import Narration, Narrator
+from .narrator import Narrator
+from .records import AnswerRecord, Narrated, Narration, Status
 from .rounds import OpenRounds
 from .router import RouterShadow
-from .status import AnswerRecord, Status, assemble
+from .status import assemble
 from .turns import HostTurns
 
 Renderer = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None, bool | None], list[int]]
@@ -76,16 +77,6 @@ def render_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mappi
     except Exception as err:  # the template's and the converters' errors: the input is at fault
         raise BadInput(f"messages could not be rendered with the chat template: {type(err).__name__}: {err}") \
             from None
-
-
-@dataclass(frozen=True, slots=True)
-class Narrated:
-    """A summary asked for on top of a session (``narrate``): the decoded text, its ids."""
-
-    session: str
-    text: str
-    ids: list[int]
-    latency_ms: float
 
 
 @dataclass

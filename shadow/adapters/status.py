@@ -6,89 +6,16 @@ and ``ShadowClient.status`` decodes the same record."""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from shadow.core.profiles import ShadowBlock
-from shadow.core.records import HostStatus, SessionStatus, SlotStatus, StoreStatus, WindowStatus
+from shadow.core.records import SessionStatus, SlotStatus
 
-from .narrator import NarratorStatus
-from .router import RouterStatus
+from .records import IdleLoopStatus, ProfilesStatus, Status, WhereStatus, WindowsStatus
 
 if TYPE_CHECKING:
-    from shadow.core.records import Answer
 
     from .service import ShadowService
-
-
-@dataclass(frozen=True, slots=True)
-class WhereStatus:
-    pid: int
-    host: str
-    port: int
-    dir: str
-    disk: str
-    trace: list[str]
-    trace_file: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ProfilesStatus:
-    source: str  # the profiles file, or "(built in)"
-    profiles: dict[str, ShadowBlock]
-
-
-@dataclass(frozen=True, slots=True)
-class WindowsStatus:
-    idle: WindowStatus
-    ration: WindowStatus
-
-
-@dataclass(frozen=True, slots=True)
-class IdleLoopStatus:
-    running: bool
-    ticks: int
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerRecord:
-    """A host's question and its ``Answer`` (the same fields), as the service keeps the last ones."""
-
-    session: str
-    question: str  # the text (at most 200 characters), or ``<N ids>``
-    choices: list[str]
-    label: str
-    probs: dict[str, float]
-    behind: int
-    latency_ms: float
-    at: float  # wall-clock seconds since the epoch
-
-    @classmethod
-    def of(cls, answer: Answer, question: str | Sequence[int], choices: Sequence[str]) -> AnswerRecord:
-        q = question if isinstance(question, str) else f"<{len(question)} ids>"
-        return cls(answer.session, q[:200], list(choices), answer.label, answer.probs, answer.behind,
-                   answer.latency_ms, time.time())
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    slot: SlotStatus
-    where: WhereStatus
-    profiles: ProfilesStatus
-    host: HostStatus
-    windows: WindowsStatus
-    idle_loop: IdleLoopStatus
-    sessions: dict[str, SessionStatus]  # resident, parked, dropped, and queued (fed before the model loaded)
-    backlog: int
-    bytes: int  # resident and parked, every session
-    checkpoints: int
-    store: StoreStatus | None  # the facade's residency; None until the model is loaded
-    router: RouterStatus | None
-    narrator: NarratorStatus | None
-    answers: list[AnswerRecord]
-    errors: list[str]
 
 
 def assemble(service: ShadowService) -> Status:

@@ -16,7 +16,8 @@ import httpx
 import pytest
 import torch
 
-from shadow.adapters.narrator import MAX_CHARS, Narration
+from shadow.adapters.narrator import MAX_CHARS
+from shadow.adapters.records import Narration
 from shadow.adapters.tokens import THINK_END
 from shadow.adapters.transcripts import Turn, load_transcript, render_turns
 from shadow.api.app import KEEP_ALIVE_S, create_app

@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
 from shadow.api.client import ShadowClient, ShadowHTTPError
+from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer, is_loopback
 from shadow.cli import main
 from tests.conftest import GRID, ids, make_container, make_settings, wait_until
