@@ -40,11 +40,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shadow.core.errors import ShadowError
+from shadow.core.plan import ReadPlan
 from shadow.core.records import ChunkRead, TurnTimeline
 from shadow.core.scheduling import Clock, NullTelemetry, Telemetry, epoch_ns, fits, ration_budget
 from shadow.core.session import grid_line_at_or_below
 from shadow.core.shadow import Shadow
-from shadow.core.slot import Slot
+from shadow.core.slot import ModelSlot
 
 from .records import Narration, NarratorStatus
 from .tokens import ENDOFTEXT, IM_END, THINK_END, get_tokens
@@ -80,7 +81,7 @@ def one_line(text: str) -> str:
 
 
 class Narrator:
-    def __init__(self, slot: Slot, instruction: str, share: float = SHARE, max_tokens: int = MAX_TOKENS,
+    def __init__(self, slot: ModelSlot, instruction: str, share: float = SHARE, max_tokens: int = MAX_TOKENS,
                  clock: Clock = time.monotonic, telemetry: Telemetry | None = None, keep: int = 32,
                  chunk_cost: Callable[[str], float | None] | None = None, max_turns: int = 1024,
                  timer: Callable[[], float] = time.perf_counter) -> None:
@@ -244,7 +245,7 @@ class Narrator:
             try:
                 at, n_chunks = self._plan(shadow, thought)
                 r0 = epoch_ns()
-                chunks = shadow.read(session, max_chunks=n_chunks) if n_chunks else []
+                chunks = shadow.read(ReadPlan(session, max_chunks=n_chunks)) if n_chunks else []
                 r1 = epoch_ns()
                 for c in chunks:  # one span and one count each, as the schedulers' chunks (spans: the read's)
                     self.telemetry.chunk("narrator", c, shadow.position(session).pending, r0, r1)
