@@ -75,7 +75,7 @@ from shadow.adapters.service import ShadowService, ShadowUnavailable
 from shadow.core.errors import BadInput, ShadowError, TooMany, UnknownSession
 from shadow.core.host import UnknownRequest
 from shadow.core.profiles import ProfileError
-from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, TurnTimeline
+from shadow.core.records import Answer, FeedResult, RoundResult, RouterAsk, StartedTurn, TurnTimeline
 
 from . import models
 from . import paths as p
@@ -235,10 +235,8 @@ class HostController(Controller):
     @post(p.HOST_STARTED, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The request runs; answers once the idle window is out of the way")
     def started(self, data: Started, service: ShadowService) -> StartedTurn:
-        router = None
-        if data.router is not None:
-            router = {"question": data.router.question, "choices": data.router.choices, "label": data.router.label,
-                      "fresh": data.router.fresh}
+        r = data.router
+        router = None if r is None else RouterAsk(r.question, r.choices, r.label, r.fresh)
         turn, fed = service.started(data.request_id, data.session, profile=data.profile, router=router,
                                     **_prompt(data.prompt))
         return StartedTurn(turn=turn, fed=fed)

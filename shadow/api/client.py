@@ -19,7 +19,7 @@ import httpx
 import msgspec
 
 from shadow.adapters.records import Narrated, Narration, Status
-from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, TurnTimeline
+from shadow.core.records import Answer, FeedResult, RoundResult, RouterAsk, StartedTurn, TurnTimeline
 
 from . import paths as p
 from .responses import Hold
@@ -149,13 +149,13 @@ class ShadowClient:
                 messages: Sequence[Mapping[str, Any]] | None = None,
                 tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
                 profile: str | None = None,
-                router: Mapping[str, Any] | None = None) -> tuple[TurnTimeline, FeedResult]:
+                router: RouterAsk | None = None) -> tuple[TurnTimeline, FeedResult]:
         body: dict[str, Any] = {"request_id": request_id, "session": session,
                                 "prompt": _prompt(ids, messages, tools, enable_thinking)}
         if profile is not None:
             body["profile"] = profile
         if router is not None:
-            body["router"] = {k: (list(v) if k == "choices" else v) for k, v in router.items()}
+            body["router"] = msgspec.to_builtins(router)
         got = self._get(StartedTurn, "POST", p.HOST + p.HOST_STARTED, body)
         return got.turn, got.fed
 
