@@ -22,13 +22,11 @@ from .costs import ChunkCosts, fits
 from .errors import BadInput, UnknownSession
 from .plan import ALL_READY, ReadPlan
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
-from .questions import MAX_CHOICES, choice_tokens, question_ids
+from .questions import choice_tokens, question_ids
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
 from .residency import Residency
 from .session import Position, first_difference, int32_or_none
 from .token_ids import checked, packed
-
-__all__ = ["MAX_CHOICES", "Answer", "ChunkRead", "Shadow"]
 
 OnPass = Callable[[list["ChunkRead"], "float | None", int, int], None]  # chunks, estimate, start, end (epoch ns)
 

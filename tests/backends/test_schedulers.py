@@ -21,8 +21,8 @@ from shadow.adapters.telemetry import SpanTelemetry
 from shadow.backends.schedulers import IdleScheduler, RationedScheduler
 from shadow.core.host import HostActivity, RankedLock
 from shadow.core.plan import ReadPlan
+from shadow.core.records import ChunkRead
 from shadow.core.scheduling import Window
-from shadow.core.shadow import ChunkRead
 from tests.conftest import CHUNK_S, GRID, FakeClock, Spans, ids, joined, make_container, make_settings, wait_until
 
 
