@@ -1,7 +1,10 @@
 """The shadow as a service: the object an in-process host calls, and what the HTTP API wraps.
 
 ``ShadowService`` ties the facade (through its ``ModelSlot``: loaded lazily in an idle window) to the
-host's activity, the profiles, the two schedulers, the router's shadow mode and the spans.
+host's activity, the two schedulers, the router's shadow mode and the spans. Each session's profile,
+the checks on a feed and the feeds kept while the model loads are its ``Turns``' (``turns.py``), the
+ids that quiet rounds keep its ``OpenRounds``' (``rounds.py``); its status is assembled from the
+parts' records (``status.py``).
 
 It is the host interface in process (``shadow.core.host.Host``; the HTTP host endpoints call the
 same methods, and ``shadow.api.client.ShadowClient`` is the same interface over HTTP):

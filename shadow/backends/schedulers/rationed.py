@@ -5,7 +5,7 @@
 - ``device`` (the default): one budget for the device. It earns ``share`` of the time during which
   any followed request decodes (``HostActivity.decoding_s``), whatever the number of requests in
   flight, and carries at most one slice unspent. A slice reads the sessions of the turns in flight
-  (the one nearest to fresh first: ``Shadow.read`` says why), then the most recently used
+  (the one nearest to fresh first, the facade's order: ``shadow.core.shadow`` says why), then the most recently used
   sessions, in batches; one slice runs at a time on the device (a round that finds one running
   reads nothing).
 - ``turn``: the first design, one budget per turn: ``share`` of the time since the turn's first
@@ -23,7 +23,7 @@ waits for the longer slices.
 With ``thread``, a slice is decided on the round's thread and read on the ration's own thread, so
 the engine's round returns at once; while it reads, rounds stay quiet (``may_read`` says no), and
 it stops after the pass in flight when a request waits (``arrived``, not started) or any call waits
-for the facade (``Shadow.read``'s ``yields``). The turn is
+for the facade (the plan's ``yields``, ``ReadPlan``). The turn is
 charged when the slice ends, if it still runs.
 
 With more than ``output_turns`` requests running (``RATION_OUTPUT_TURNS``, 1), a slice reads each
