@@ -1,7 +1,7 @@
 """One session's timeline through the service's own schedulers, on a simulated clock.
 
 The parts are the service's: the container builds the ``ShadowService`` with its ``HostActivity``,
-``IdleScheduler``, ``RationedScheduler``, ``Slot`` and the ``Shadow`` facade, as ``shadow serve``
+``IdleScheduler``, ``RationedScheduler``, ``ModelSlot`` and the ``Shadow`` facade, as ``shadow serve``
 does; only two providers are overridden, as the service tests do: the clock (a ``SimClock``) and
 the reader (a ``SimReader``: the ``Reader`` protocol with the session bookkeeping of the real one
 and no maths, each chunk moving the clock on by its given cost).

@@ -25,8 +25,8 @@ Random weights at the published 0.8B/2B/4B shapes (``reference_shape``), bf16, w
 text-layout HF checkpoint that both sides load. The first model gets every figure, the others the
 chunk at depth 0. Figures, each after a warm pass (below):
 
-- ``chunk``: ms per 512-chunk at depths 0, 8k, 32k, 100k (100,352 = 196 chunks): ``sh.read(session,
-  max_chunks=1)`` wall time, device synchronised, median over consecutive chunks from that depth;
+- ``chunk``: ms per 512-chunk at depths 0, 8k, 32k, 100k (100,352 = 196 chunks): ``sh.read(ReadPlan(
+  session, max_chunks=1))`` wall time, device synchronised, median over consecutive chunks from that depth;
 - ``question300``: ``sh.ask(session, <300 ids>, ["A", "B"])`` at 32k and 100k, the session read to
   exactly that depth with no pending tail, median of several;
 - ``fork_decode_token``: ``sh.decode(session, prompt, max_new=N)`` timed for two N and differenced

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from shadow import Shadow
+from shadow.core.plan import ReadPlan
 
 FIGURES = ("chunk", "question300", "fork_decode_token")
 
@@ -126,7 +127,7 @@ class ShadowSide:
             raise ValueError(f"{self.session} is at {self.fed} already, past {depth}")
         self._feed_to(depth)
         if self.fed:
-            self.sh.read(self.session)
+            self.sh.read(ReadPlan(self.session))
         self.sync()
         return True
 
@@ -134,7 +135,7 @@ class ShadowSide:
         self._feed_to(self.fed + k * self.grid)
 
     def chunk(self) -> None:
-        got = self.sh.read(self.session, max_chunks=1)
+        got = self.sh.read(ReadPlan(self.session, max_chunks=1))
         if len(got) != 1:
             raise RuntimeError(f"expected one chunk read, got {len(got)}")
 

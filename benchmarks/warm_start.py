@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shadow.core.plan import ReadPlan
+
 QUESTION = "Did the agent finish its task? A: yes, B: no. Answer with the letter."
 CHOICES = ["A", "B"]
 
@@ -65,7 +67,7 @@ def measure(model: str, device: str, dtype: str, grid: int, home: str, max_chunk
         return _ms(lambda: sh.ask("s", ids[at:at + n] if at + n <= len(ids) else ids[:n], CHOICES, at=at))
 
     for _ in range(chunks):  # the first session: each kind's first call comes at a later depth
-        [c] = sh.read("s", max_chunks=1)
+        [c] = sh.read(ReadPlan("s", max_chunks=1))
         chunk_ms.append(c.cost_s * 1e3)
         if pending:
             kind = pending.pop(0)

@@ -87,11 +87,13 @@ DEMO_REPLAY_S = 75.0  # the replay's longest: with the model's load and the chec
 def _chunk_cost(container: Any, host: Any, ids: list[int], grid: int) -> float:
     """The median cost of 3 chunks of ``ids`` read on this device, outside the replayed session
     (a hold keeps the idle window shut meanwhile)."""
+    from shadow.core.plan import ReadPlan
+
     hold = host.add_hold()
     try:
         sh = container.shadow()
         sh.feed_prompt("demo-chunk-cost", ids[:3 * grid])
-        costs = sorted(c.cost_s for c in sh.read("demo-chunk-cost"))
+        costs = sorted(c.cost_s for c in sh.read(ReadPlan("demo-chunk-cost")))
         sh.forget("demo-chunk-cost")
     finally:
         host.release_hold(hold)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # concrete types for the checker only: importing them here wo
     from shadow.core.host import HostActivity
     from shadow.core.profiles import Profiles
     from shadow.core.scheduling import Telemetry
-    from shadow.core.slot import Slot
+    from shadow.core.slot import ModelSlot
 
 OnOff = Literal["on", "off"]
 
@@ -150,10 +150,10 @@ def _metrics(settings: ShadowSettings) -> Metrics:
 
 
 def _slot(settings: ShadowSettings, shadow: Callable[[], Shadow], profiles: Profiles,
-          clock: Callable[[], float], metrics: Metrics) -> Slot:
-    from shadow.core.slot import Slot
+          clock: Callable[[], float], metrics: Metrics) -> ModelSlot:
+    from shadow.core.slot import ModelSlot
 
-    slot = Slot(shadow if settings.on else None, model=settings.model, wanted=profiles.any_on,
+    slot = ModelSlot(shadow if settings.on else None, model=settings.model, wanted=profiles.any_on,
                 shared_with=("narrator",) if settings.shares_narrator_slot else (), clock=clock)
     metrics.watch(slot.get)  # the gauges read the facade once it is loaded and warmed
     return slot
@@ -165,7 +165,7 @@ def _router(settings: ShadowSettings, clock: Callable[[], float], telemetry: Tel
     return RouterShadow(settings.home / "shadow.jsonl", clock, telemetry)
 
 
-def _narrator(slot: Slot, settings: ShadowSettings, clock: Callable[[], float], telemetry: Telemetry,
+def _narrator(slot: ModelSlot, settings: ShadowSettings, clock: Callable[[], float], telemetry: Telemetry,
               ration: RationedScheduler, timer: Callable[[], float]) -> Narrator:
     from shadow.adapters.narrator import Narrator
 
@@ -173,7 +173,7 @@ def _narrator(slot: Slot, settings: ShadowSettings, clock: Callable[[], float], 
                     clock, telemetry, chunk_cost=ration.estimate, max_turns=settings.max_arrived, timer=timer)
 
 
-def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
+def _idle(slot: ModelSlot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
           settings: ShadowSettings, router: RouterShadow) -> IdleScheduler:
     from shadow.backends.schedulers import IdleScheduler
 
@@ -181,7 +181,7 @@ def _idle(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Calla
                          lock_wait_s=settings.idle_poll_s, questions=router)
 
 
-def _ration(slot: Slot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
+def _ration(slot: ModelSlot, activity: HostActivity, telemetry: Telemetry, clock: Callable[[], float],
             settings: ShadowSettings) -> RationedScheduler:
     from shadow.backends.schedulers import RationedScheduler
 
@@ -197,7 +197,7 @@ def _activity(clock: Callable[[], float]) -> HostActivity:
     return HostActivity(clock=clock)
 
 
-def _service(settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles, idle: IdleScheduler,
+def _service(settings: ShadowSettings, slot: ModelSlot, activity: HostActivity, profiles: Profiles, idle: IdleScheduler,
              ration: RationedScheduler, telemetry: Telemetry, router: RouterShadow,
              clock: Callable[[], float], narrator: Narrator) -> ShadowService:
     from shadow.adapters.service import ShadowService

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment
+from shadow.core.plan import ReadPlan
 
 TOKENS = 33_280  # 65 chunks
 
@@ -39,7 +40,7 @@ def child(ckpt: str, variant: str, out: str) -> None:
     for label in ("cold", "warm"):
         sh.feed_prompt(label, [rng.randrange(248000) for _ in range(TOKENS)])
         t0 = time.perf_counter()
-        reads = sh.read(label)
+        reads = sh.read(ReadPlan(label))
         total = time.perf_counter() - t0
         ms = [r.cost_s * 1e3 for r in reads]
         res[label] = {"total_s": total, "ms_per_chunk_median": statistics.median(ms), "ms_first_chunk": ms[0],
@@ -47,11 +48,11 @@ def child(ckpt: str, variant: str, out: str) -> None:
     # Turn by turn with a rollback, against a fresh prefill.
     ids = [rng.randrange(248000) for _ in range(6000)]
     sh.feed_prompt("t", ids[:2500])
-    sh.read("t")
+    sh.read(ReadPlan("t"))
     sh.feed_output("t", ids[2500:3100])
-    sh.read("t")
+    sh.read(ReadPlan("t"))
     sh.feed_prompt("t", ids[:2600] + ids[2800:6000])  # drops part of the answer: a rollback
-    sh.read("t")
+    sh.read(ReadPlan("t"))
     equal, worst, _ = compare(sh.export_state("t"), sh.fresh_state(list(sh.session_ids("t"))))
     res["replay_bit_equal"], res["replay_largest_difference"] = equal, worst
     res["rollbacks"] = sh.position("t").rollbacks

@@ -25,6 +25,7 @@ from shadow.adapters.replay import compare, replay
 from shadow.adapters.transcripts import load_turns
 from shadow.backends.qwen35.checkpoint import write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
+from shadow.core.plan import ReadPlan
 
 PROBES = [
     "Which kind of task is this session? A: debugging, B: new feature, C: refactor, D: docs, E: tests, "
@@ -69,7 +70,7 @@ def main() -> None:
             # The same ids read in one go, as a session's first long prompt is.
             sh512.feed_prompt(name + "/one-go", ids_held)
             t1 = time.perf_counter()
-            reads = sh512.read(name + "/one-go")
+            reads = sh512.read(ReadPlan(name + "/one-go"))
             one_go_s = time.perf_counter() - t1
             costs = [r.cost_s * 1e3 for r in reads]
             t2 = time.perf_counter()
@@ -95,8 +96,8 @@ def main() -> None:
             row["grid_2048_vs_512"] = {"tokens": len(ids), "largest_difference_by_kind": per_kind}
             sh512.feed_prompt(name + "/g512", ids)
             sh2048.feed_prompt(name + "/g2048", ids)
-            sh512.read(name + "/g512")
-            sh2048.read(name + "/g2048")
+            sh512.read(ReadPlan(name + "/g512"))
+            sh2048.read(ReadPlan(name + "/g2048"))
             probes = []
             for q in PROBES:
                 n = q.count(": ")

@@ -25,6 +25,7 @@ from shadow import ShadowSettings, build_shadow
 from shadow.adapters.replay import compare
 from shadow.backends.qwen35.checkpoint import write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
+from shadow.core.plan import ReadPlan
 
 
 def _drop_caches() -> bool:
@@ -54,7 +55,7 @@ def main() -> None:
             name = f"s{n}"
             sh.feed_prompt(name, [rng.randrange(248000) for _ in range(n)])
             t0 = time.perf_counter()
-            sh.read(name)
+            sh.read(ReadPlan(name))
             read_s = time.perf_counter() - t0
             before = sh.export_state(name)
             book = sh.position(name)

@@ -26,7 +26,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from shadow.core.shadow import ChunkRead, Shadow
+    from shadow.core.records import ChunkRead
+    from shadow.core.shadow import Shadow
 
 CONTENT_TYPE = "text/plain; version=0.0.4"  # the server adds the charset
 PREFIX = "shadow_"

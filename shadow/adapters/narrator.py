@@ -40,12 +40,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shadow.core.errors import ShadowError
+from shadow.core.plan import ReadPlan
 from shadow.core.records import ChunkRead, TurnTimeline
 from shadow.core.scheduling import Clock, NullTelemetry, Telemetry, epoch_ns, fits, ration_budget
 from shadow.core.session import grid_line_at_or_below
 from shadow.core.shadow import Shadow
-from shadow.core.slot import Slot
+from shadow.core.slot import ModelSlot
 
+from .records import Narration, NarratorStatus
 from .tokens import ENDOFTEXT, IM_END, THINK_END, get_tokens
 
 SHARE = 0.03
@@ -54,46 +56,6 @@ MAX_CHARS = 200
 # The thought ends inside an open assistant message: close it the way the chat template closes a
 # reply with no content after its reasoning, so that the instruction comes as the next user turn.
 CLOSE_REPLY = "\n\n<|im_end|>\n"
-
-
-@dataclass
-class Narration:
-    """One summary, as the host receives it."""
-
-    session: str
-    request_id: str
-    thought: int  # the thought's number in the session, from 1
-    at: int  # the session's position just past the thought's ``</think>``
-    text: str  # one line, at most MAX_CHARS characters
-    ids: list[int]  # what the fork decoded
-    extra_ids: int  # ids past ``at`` the fork saw (the reader had committed rows past it), else 0
-    committed: int  # rows committed when the fork ran
-    chunks: int  # whole chunks it read first (committed: the reader's work, done in the narrator's slice)
-    cost_ms: float  # measured: those chunks and the fork, device synchronised on both sides
-    estimate_ms: float | None  # the cost it was admitted with (None: nothing measured yet)
-    budget_ms: float  # what the turn's share left when it started
-    turn_spent_ms: float  # the turn's summaries before this one
-    since_first_token_ms: float
-    waited_rounds: int
-
-
-@dataclass(frozen=True, slots=True)
-class NarratorStatus:
-    """The narrator's slices: summaries written, skipped (``budget``: still waiting when the turn
-    finished; ``not_loaded``; ``request_gone``: its request never finished, dropped), waiting, the
-    time they used, the last one's cost."""
-
-    share: float
-    max_tokens: int
-    summaries: int
-    failed: int
-    skipped: dict[str, int]
-    waiting: int
-    spent_ms: float
-    last_cost_ms: float | None
-    subscribers: int
-    last: list[Narration]
-    errors: list[str]
 
 
 @dataclass
@@ -119,7 +81,7 @@ def one_line(text: str) -> str:
 
 
 class Narrator:
-    def __init__(self, slot: Slot, instruction: str, share: float = SHARE, max_tokens: int = MAX_TOKENS,
+    def __init__(self, slot: ModelSlot, instruction: str, share: float = SHARE, max_tokens: int = MAX_TOKENS,
                  clock: Clock = time.monotonic, telemetry: Telemetry | None = None, keep: int = 32,
                  chunk_cost: Callable[[str], float | None] | None = None, max_turns: int = 1024,
                  timer: Callable[[], float] = time.perf_counter) -> None:
@@ -283,7 +245,7 @@ class Narrator:
             try:
                 at, n_chunks = self._plan(shadow, thought)
                 r0 = epoch_ns()
-                chunks = shadow.read(session, max_chunks=n_chunks) if n_chunks else []
+                chunks = shadow.read(ReadPlan(session, max_chunks=n_chunks)) if n_chunks else []
                 r1 = epoch_ns()
                 for c in chunks:  # one span and one count each, as the schedulers' chunks (spans: the read's)
                     self.telemetry.chunk("narrator", c, shadow.position(session).pending, r0, r1)

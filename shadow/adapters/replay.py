@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shadow.core.plan import ReadPlan
 from shadow.core.shadow import Shadow
 
 from .transcripts import Turn
@@ -35,9 +36,9 @@ def replay(
     chunks = 0
     for i, turn in enumerate(turns):
         shadow.feed_prompt(session, turn.prompt_ids)
-        chunks += len(shadow.read(session))
+        chunks += len(shadow.read(ReadPlan(session)))
         shadow.feed_output(session, turn.output_ids)
-        chunks += len(shadow.read(session))
+        chunks += len(shadow.read(ReadPlan(session)))
         if progress is not None:
             progress(i + 1, len(turns), shadow.position(session).committed)
     return chunks

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
-from msgspec import UNSET, UnsetType
 
 from shadow.core.errors import ShadowError
 from shadow.core.protocols import Asker
 from shadow.core.scheduling import NullTelemetry, Telemetry, ask_span
 from shadow.core.session import first_difference, grid_line_at_or_below
 
+from .records import RouterRecord, RouterStatus
 from .tokens import IM_END
 
 
@@ -63,44 +63,6 @@ class RouterQuestion:
     prompt_len: int = 0
     fresh: bool | None = None  # the host's router decided the class on this turn (False: carried forward)
     ids: array[int] = field(default_factory=lambda: array("I"))  # the prompt up to the insertion point
-
-
-@dataclass(slots=True)
-class RouterRecord:
-    """One router question: its answer, or the error that stopped it (the fields of the other are
-    ``UNSET``, left out of the JSON). A journal line is this record and the question's ids."""
-
-    session: str
-    request_id: str
-    router_label: str | None
-    fresh: bool | None
-    behind_at_start: int
-    insertion: int
-    prompt_len: int
-    grid: int
-    choices: list[str]
-    error: str | UnsetType = UNSET
-    label: str | UnsetType = UNSET
-    probability: float | UnsetType = UNSET
-    probs: dict[str, float] | UnsetType = UNSET
-    agree: bool | UnsetType | None = UNSET
-    behind: int | UnsetType = UNSET
-    at_insertion: bool | UnsetType = UNSET
-    extra_ids: int | UnsetType = UNSET
-    lag_s: float | UnsetType = UNSET
-    latency_ms: float | UnsetType = UNSET
-
-
-@dataclass(frozen=True, slots=True)
-class RouterStatus:
-    asked: int
-    compared: int
-    agreed: int
-    agreement: float | None
-    failed: int
-    waiting: int
-    journal: str | None
-    last: list[RouterRecord]
 
 
 def ids_sha256(ids: Sequence[int]) -> str:

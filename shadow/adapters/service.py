@@ -1,7 +1,10 @@
 """The shadow as a service: the object an in-process host calls, and what the HTTP API wraps.
 
-``ShadowService`` ties the facade (through its ``Slot``: loaded lazily in an idle window) to the
-host's activity, the profiles, the two schedulers, the router's shadow mode and the spans.
+``ShadowService`` ties the facade (through its ``ModelSlot``: loaded lazily in an idle window) to the
+host's activity, the two schedulers, the router's shadow mode and the spans. Each session's profile,
+the checks on a feed and the feeds kept while the model loads are its ``Turns``' (``turns.py``), the
+ids that quiet rounds keep its ``OpenRounds``' (``rounds.py``); its status is assembled from the
+parts' records (``status.py``).
 
 It is the host interface in process (``shadow.core.host.Host``; the HTTP host endpoints call the
 same methods, and ``shadow.api.client.ShadowClient`` is the same interface over HTTP):
@@ -35,72 +38,43 @@ it) and replayed when it is; a question then answers 503 until the model is ther
 
 from __future__ import annotations
 
-import threading
 import time
+from array import array
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from shadow.core.errors import BadInput, ShadowError, UnknownSession
+from shadow.core.errors import BadInput, ShadowError
 from shadow.core.host import Host, HostActivity
-from shadow.core.profiles import Profiles, ShadowBlock
+from shadow.core.profiles import Profiles
 from shadow.core.protocols import Ration
-from shadow.core.records import Answer, ChunkRead, FeedResult
+from shadow.core.records import Answer, ChunkRead, FeedResult, RoundResult, RouterAsk, TurnTimeline
 from shadow.core.scheduling import IdleLoop, NullTelemetry, Scheduler, Telemetry, WindowStats, ask_span
-from shadow.core.session import Position
 from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Shadow
-from shadow.core.slot import Slot
+from shadow.core.slot import ModelSlot
 
-from .narrator import Narration, Narrator
-from .rounds import OpenRounds
-from .router import RouterShadow
-from .status import AnswerRecord, Status, assemble
-from .turns import HostTurns
-
-Renderer = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None, bool | None], list[int]]
+from .narrator import Narrator
+from .records import AnswerRecord, IdleLoopStatus, Narrated, Narration, ProfilesStatus, Status, WindowsStatus
+from .rounds import OpenRound, OpenRounds
+from .router import RouterQuestion, RouterShadow, insertion_point
+from .status import assemble, slot_status, where_status
+from .turns import Renderer, Turns, counts_of, render_messages
 
 
 class ShadowUnavailable(ShadowError):
     """The shadow cannot answer now: it is off, its model is not loaded yet, or loading failed."""
 
 
-def render_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
-                    enable_thinking: bool | None) -> list[int]:
-    """OpenAI-style messages -> the ids the host's engine prefills (the Qwen3.5 chat template)."""
-    from .chat import render_ids
-
-    try:
-        return render_ids(messages, tools, add_generation_prompt=True, enable_thinking=enable_thinking)
-    except Exception as err:  # the template's and the converters' errors: the input is at fault
-        raise BadInput(f"messages could not be rendered with the chat template: {type(err).__name__}: {err}") \
-            from None
-
-
-@dataclass(frozen=True, slots=True)
-class Narrated:
-    """A summary asked for on top of a session (``narrate``): the decoded text, its ids."""
-
-    session: str
-    text: str
-    ids: list[int]
-    latency_ms: float
-
-
-@dataclass
-class _Queued:
-    prompt: list[int]
-    outputs: list[int] = field(default_factory=list)
-
-
-class ShadowService(HostTurns):
-    """The host's verbs (``turns.py``), the feeds, the profiles, the questions and the status.
+class ShadowService:
+    """The host's verbs, the feeds, the questions and the status, over the parts that own their state.
 
     Every call about a session reaches the facade through ``_settled``: the ids its running
-    request's quiet rounds kept are fed first, so nothing reads a session short of them."""
+    request's quiet rounds kept are fed first, so nothing reads a session short of them. Every
+    write to a turn goes through ``HostActivity`` (``record_*``), under its lock."""
 
-    def __init__(self, settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles,
+    def __init__(self, settings: ShadowSettings, slot: ModelSlot, activity: HostActivity, profiles: Profiles,
                  idle: Scheduler, ration: Ration, telemetry: Telemetry | None = None,
                  router: RouterShadow | None = None, render: Renderer = render_messages,
                  clock: Callable[[], float] = time.monotonic, keep_answers: int = 32,
@@ -108,26 +82,31 @@ class ShadowService(HostTurns):
         self.settings = settings
         self.slot = slot
         self.activity = activity
-        self.profiles = profiles
         self.idle = idle
         self.ration = ration
         self.telemetry = telemetry or NullTelemetry()
         self.router = router
         self.narrator = narrator
-        self.render = render
         self.clock = clock
         self.stats = {"idle": WindowStats(), "ration": WindowStats()}
         ration.on_read = self.stats["ration"].add  # slices read on the ration's own thread (RATION_THREAD)
         ration.on_error = self._error
         self.answers: deque[AnswerRecord] = deque(maxlen=keep_answers)
         self.errors: deque[str] = deque(maxlen=8)
-        self._mu = threading.RLock()
-        self.live: Shadow | None = None  # the facade once loaded and the kept feeds replayed (under _mu)
-        self._queued: dict[str, _Queued] = {}
-        self._profile_of: dict[str, str] = {}
-        self.rounds = OpenRounds(self._feed_output)
+        self.turns = Turns(slot, profiles, settings.profile, settings.max_session_ids, self.telemetry, render,
+                           on_error=self._error)
+        self.rounds = OpenRounds(self.turns.feed_output)
         self.idle_loop = IdleLoop(self.idle_step, settings.idle_poll_s, on_error=self._error)
         slot.on_loaded(self._replay)
+
+    @property
+    def live(self) -> Shadow | None:
+        """The facade once loaded and the kept feeds replayed (``Turns.live``)."""
+        return self.turns.live
+
+    @property
+    def profiles(self) -> Profiles:
+        return self.turns.profiles
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -167,38 +146,11 @@ class ShadowService(HostTurns):
 
     def _replay(self, shadow: Shadow) -> None:
         """On load (in the idle window): warm the reader with one fresh chunk, so the first chunk a
-        ration reads is not a cold one, then replay the feeds kept meanwhile."""
+        ration reads is not a cold one, then replay the feeds kept meanwhile (``Turns.replay``)."""
         shadow.warm_up()
-        with self._mu:
-            for name, q in self._queued.items():
-                try:
-                    shadow.feed_prompt(name, q.prompt)
-                    if q.outputs:
-                        shadow.feed_output(name, q.outputs)
-                except ShadowError as err:
-                    self._error(err)
-            self._queued.clear()
-            self.live = shadow
-        shadow.residency.on_forget.append(self._forgotten)
-
-    def _forgotten(self, session: str) -> None:
-        """The facade forgot ``session`` (a DELETE, its cap or MAX_SESSIONS): its profile and its
-        narrator's count of thoughts go too.
-        Called under the facade's lock, so not under ``_mu`` (taken before the facade's elsewhere):
-        one dict pop is atomic on its own; the narrator's lock is never held while the facade's is taken."""
-        self._profile_of.pop(session, None)
-        if self.narrator is not None:
-            self.narrator.forget(session)
-
-    # ---- profiles --------------------------------------------------------------------------------
-
-    def block(self, session: str, profile: str | None) -> tuple[str, ShadowBlock]:
-        with self._mu:
-            name = profile or self._profile_of.get(session) or self.settings.profile
-        try:
-            return name, self.profiles.get(name)
-        except ShadowError as err:
-            raise BadInput(str(err)) from None
+        self.turns.replay(shadow)
+        if self.narrator is not None:  # a session the facade forgets: its count of thoughts goes too
+            shadow.residency.on_forget.append(self.narrator.forget)
 
     def _unavailable(self) -> ShadowUnavailable:
         if self.slot.state == "off":
@@ -209,119 +161,152 @@ class ShadowService(HostTurns):
 
     # ---- feeding ---------------------------------------------------------------------------------
 
-    def prompt_ids(self, ids: Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
-                    tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None) -> list[int]:
-        if (ids is None) == (messages is None):
-            raise BadInput("give the prompt as ids or as messages, one of the two")
-        if messages is not None:
-            if not messages:
-                raise BadInput("messages is empty")
-            return self.render(messages, tools, enable_thinking)
-        assert ids is not None
-        return list(ids)
-
-    def _result(self, shadow: Shadow | None, session: str, **kw: Any) -> FeedResult:
-        if shadow is None:
-            with self._mu:
-                q = self._queued.get(session)
-            n = len(q.prompt) + len(q.outputs) if q else 0
-            return FeedResult(session, True, queued=True, ids=n, backlog=n, **kw)
-        held, committed = self.counts(shadow, session)
-        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed, **kw)
-
-    @staticmethod
-    def _position(shadow: Shadow, session: str) -> Position | None:
-        try:  # no byte counts, no status line: the host calls these paths on every decode round
-            return shadow.position(session)
-        except UnknownSession:
-            return None
-
-    @staticmethod
-    def counts(shadow: Shadow, session: str) -> tuple[int, int]:
-        try:
-            return shadow.counts(session)
-        except UnknownSession:
-            return 0, 0
-
-    def within_length(self, session: str, held: int, more: int) -> None:
-        """A session's ids are bounded (``MAX_SESSION_IDS``): a feed past it is refused whole and the
-        session stays as it was (its ids and its state grow with every feed, and nothing else ends it)."""
-        limit = self.settings.max_session_ids
-        if held + more > limit:
-            raise BadInput(f"session {session!r} would hold {held + more} ids ({held} + {more}), more than "
-                           f"QWEN38_SHADOW_MAX_SESSION_IDS={limit}: forget it (DELETE) or start a new one")
-
     def feed_prompt(self, session: str, ids: Sequence[int] | None = None,
                     messages: Sequence[Mapping[str, Any]] | None = None,
                     tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
                     profile: str | None = None) -> FeedResult:
         """A turn's whole prompt, as ids or as OpenAI-style messages (rendered with the template)."""
         self._settled(session)  # the facade itself is read below, under the lock the replay takes
-        name, block = self.block(session, profile)
-        prompt = self.prompt_ids(ids, messages, tools, enable_thinking)
-        if not prompt:
-            raise BadInput("empty prompt")
-        self.within_length(session, 0, len(prompt))
-        if self.slot.state in ("off", "failed"):
-            return FeedResult(session, False, reason=self.slot.state)
-        with self._mu:
-            self._profile_of[session] = name
-            if not block.follows:
-                return FeedResult(session, False, reason="profile")
-            shadow = self.live
-            if shadow is None:
-                behind = sum(map(len, (self._queued[session].prompt, self._queued[session].outputs))) \
-                    if session in self._queued else None
-                self._queued[session] = _Queued(prompt)
-                return self._result(None, session, behind_at_start=behind)
-        before = self._position(shadow, session)
-        shadow.feed_prompt(session, prompt)
-        self.telemetry.observe("behind_at_turn_start_ids", before.pending if before else 0)
-        out = self._result(shadow, session, behind_at_start=before.pending if before else None)
-        after = self._position(shadow, session) or Position()
-        out.rollback = after.rollbacks > (before.rollbacks if before else 0)
-        return out
+        return self.turns.feed_prompt(self.turns.check(session, ids, messages, tools, enable_thinking, profile))
 
     def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
         """Qwen's output ids, appended (after those its running request's quiet rounds kept)."""
         self._settled(session)
-        return self._feed_output(session, ids)
+        return self.turns.feed_output(session, ids)
 
-    def _feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
-        if self.slot.state in ("off", "failed"):
-            return FeedResult(session, False, reason=self.slot.state)
-        with self._mu:
-            profile = self._profile_of.get(session)
-            if profile is not None and not self.profiles.get(profile).follows:
-                return FeedResult(session, False, reason="profile")
-            shadow = self.live
-            if shadow is None:
-                q = self._queued.get(session)
-                if q is None:
-                    raise UnknownSession(f"unknown session {session!r}")
-                if any(not isinstance(i, int) or i < 0 for i in ids):
-                    raise BadInput("output ids must be whole numbers >= 0")
-                self.within_length(session, len(q.prompt) + len(q.outputs), len(ids))
-                q.outputs.extend(ids)
-                return self._result(None, session)
-        held, committed = self.counts(shadow, session)  # counted once: the host calls this every round
-        self.within_length(session, held, len(ids))
-        shadow.feed_output(session, ids)
-        held += len(ids)
-        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed)
+    # ---- a turn ----------------------------------------------------------------------------------
 
-    # ---- the profile's word on a session ----------------------------------------------------------
+    def arrived(self, request_id: str) -> TurnTimeline:
+        return self.activity.record_arrived(request_id, limit=self.settings.max_arrived)
 
-    def follows(self, session: str) -> bool:
-        with self._mu:
-            profile = self._profile_of.get(session)
-        if profile is None or self.slot.state in ("off", "failed"):
+    def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
+                messages: Sequence[Mapping[str, Any]] | None = None,
+                tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
+                profile: str | None = None, router: RouterAsk | None = None,
+                barrier: bool = True) -> tuple[TurnTimeline, FeedResult]:
+        """The request runs. Its prompt is checked once, first (a bad one changes nothing), then it
+        waits for the idle window's chunk in flight (``barrier``), then the checked prompt is fed."""
+        prompt = self.turns.check(session, ids, messages, tools, enable_thinking, profile)
+        turn = self.activity.record_started(request_id, session, len(prompt.ids), prompt.profile)
+        if barrier:
+            self.activity.out_of_the_way()
+        try:
+            self._settled(session)
+            fed = self.turns.feed_prompt(prompt)
+        except ShadowError:
+            self.activity.record_finished(request_id)
+            raise
+        block, n = prompt.block, len(prompt.ids)
+        if (router is not None and fed.followed and self.router is not None and block.router == "shadow"
+                and n >= block.router_min_tokens):
+            at = insertion_point(prompt.ids)
+            self.router.enqueue(RouterQuestion(
+                session, request_id, router.question, list(router.choices), router.label, at,
+                fed.behind_at_start or 0, self.clock(), n, fresh=router.fresh, ids=array("I", prompt.ids[:at])))
+        return turn, fed
+
+    def first_token(self, request_id: str) -> TurnTimeline:
+        return self.activity.record_first_token(request_id)
+
+    def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
+        """Between two decode rounds: feed the round's output ids, then the narrator's slice, then
+        read within the ration. A round where a look would read nothing stays quiet: its ids are
+        checked and kept for the next look (``rounds.py``: what a waiting host pays per round)."""
+        entered = time.perf_counter()
+        open_ = self.rounds.get(request_id)
+        if open_ is not None and self._quiet(open_, ids) and self.rounds.add(open_, ids):
+            turn = self.activity.record_round_ended(request_id, len(ids))
+            self.activity.record_host_time(request_id, time.perf_counter() - entered)
+            return RoundResult(request_id, 0, 0.0, turn.budget_s * 1e3, turn.spent_s * 1e3,
+                               open_.backlog + len(open_.pending))
+        turn = self.activity.turn(request_id)
+        session = turn.session
+        if session is None or turn.started_s is None:
+            raise BadInput(f"request {request_id!r} has not started")
+        follows = self.turns.follows(session)
+        every, fed = self.rounds.take(request_id, session, ids, follows)
+        turn = self.activity.record_round_ended(request_id, len(ids))
+        # the narrator first: a thought that just ended is summarised at its end, before the ration
+        # reads past it
+        narrated = self._narrate(turn, fed, every, final=False)
+        if follows:
+            chunks = self.ration.step(turn)  # it records its slice's budget and spending on the turn
+        else:  # a session not followed gets no ration
+            chunks = []
+            self.activity.record_ration(request_id, 0.0, 0, 0.0)
+        if chunks:
+            self.stats["ration"].add(chunks)
+        shadow = self.live
+        live = fed is not None and fed.followed and not fed.queued
+        if live and not chunks and not narrated:
+            assert fed is not None
+            held, committed = fed.ids, fed.committed  # nothing read since the feed counted them
+        else:
+            held, committed = counts_of(shadow, session) if shadow is not None else (0, 0)
+        if live and shadow is not None:
+            self.rounds.keep(turn, session, held, held - committed)
+        self.activity.record_host_time(request_id, time.perf_counter() - entered)
+        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
+                           turn.spent_s * 1e3, held - committed)
+
+    def _quiet(self, open_: OpenRound, ids: Sequence[int]) -> bool:
+        """A look at this round would read nothing: neither the ration (its own test, with the
+        backlog counted since the last look) nor the narrator wants it, and the ids would feed."""
+        shadow = self.live
+        if shadow is None or not open_.within(len(ids), self.settings.max_session_ids) or not shadow.accepts(ids):
             return False
-        return self.profiles.get(profile).follows
+        if self.ration.may_read(open_.turn, open_.backlog + len(open_.pending) + len(ids), shadow.grid):
+            return False
+        return self.narrator is None or not self.narrator.wants(open_.turn.request_id, ids)
 
-    def narrates(self, session: str) -> bool:
-        with self._mu:
-            return session in self._profile_of and self.profiles.get(self._profile_of[session]).narrator == "on"
+    def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
+        """The request ended. Its account goes out as a ``shadow.turn`` span: the time its host
+        spent inside the shadow's calls during the decode, so that a trace alone tells what the
+        shadow cost a host that waits on its calls (an overlapped host pays only the chunks)."""
+        entered = time.perf_counter()
+        turn = self.activity.turn(request_id)
+        new = len(ids)
+        if turn.session is not None:  # the quiet rounds' ids first
+            every, fed = self.rounds.take(request_id, turn.session, ids, self.turns.follows(turn.session))
+            # before the turn ends: the idle window stays shut meanwhile
+            self._narrate(turn, fed, every, final=True)
+        done = self.activity.record_finished(request_id, new, host_s=time.perf_counter() - entered)
+        if done.session is not None and done.first_token_s is not None:
+            with self.telemetry.span("shadow.turn", {
+                    "gen_ai.conversation.id": done.session, "shadow.request.id": request_id,
+                    "shadow.turn.host_ms": done.host_s * 1e3, "shadow.turn.rounds": done.rounds,
+                    "shadow.turn.ration_ms": done.spent_s * 1e3, "shadow.turn.chunks": done.chunks}):
+                pass
+        return done
+
+    def _narrate(self, turn: TurnTimeline, fed: FeedResult | None, ids: Sequence[int], final: bool) -> bool:
+        """The narrator's slice: thoughts that ended in ``ids`` (fed at the session's end), then the
+        summaries that fit the turn's share (``shadow.adapters.narrator``). Returns whether it may
+        have read chunks (a thought waited)."""
+        if self.narrator is None or turn.session is None:
+            return False
+        if fed is not None and fed.followed and not fed.queued and self.turns.narrates(turn.session):
+            self.narrator.output(turn, turn.session, fed.ids - len(ids), list(ids))
+        waited = self.narrator.waiting(turn.request_id) > 0
+        self.narrator.step(turn, final)
+        return waited
+
+    # ---- holds -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def hold(self) -> Iterator[str]:
+        with self.activity.holding() as hold_id:
+            yield hold_id
+
+    def add_hold(self, ttl_s: float | None = None) -> str:
+        """A hold for a client: at most ``MAX_HOLDS`` live, none longer than ``MAX_HOLD_S`` (a
+        forgotten hold would keep the idle window shut)."""
+        if ttl_s is not None and ttl_s > self.settings.max_hold_s:
+            raise BadInput(f"ttl_s={ttl_s:g} is longer than QWEN38_SHADOW_MAX_HOLD_S={self.settings.max_hold_s:g}")
+        return self.activity.record_hold(ttl_s, limit=self.settings.max_holds)
+
+    def release_hold(self, hold_id: str) -> None:
+        self.activity.record_hold_released(hold_id)
 
     def on_narration(self, callback: Callable[[Narration], None],
                      closed: Callable[[], None] | None = None) -> Callable[[], None]:
@@ -340,14 +325,7 @@ class ShadowService(HostTurns):
     def forget(self, session: str) -> None:
         """Drop a session: its state, its parked file, its queued feeds, its profile."""
         self._settled(session)
-        with self._mu:
-            queued = self._queued.pop(session, None) is not None
-            self._profile_of.pop(session, None)
-            shadow = self.live
-        if shadow is not None and session in shadow.sessions():
-            shadow.forget(session)
-        elif not queued:
-            raise UnknownSession(f"unknown session {session!r}")
+        self.turns.forget(session)
 
     # ---- questions -------------------------------------------------------------------------------
 
@@ -368,7 +346,7 @@ class ShadowService(HostTurns):
     def narrate(self, session: str, prompt: str, max_new: int = 64) -> Narrated:
         """The narrator's summary on top of the whole session (a profile with ``narrator: on``):
         a greedy fork decode; the session is untouched."""
-        _, block = self.block(session, None)
+        _, block = self.turns.block(session, None)
         if block.narrator != "on":
             raise BadInput(f"the narrator is off for session {session!r}'s profile")
         shadow = self._facade(session)
@@ -384,14 +362,21 @@ class ShadowService(HostTurns):
 
     # ---- status ----------------------------------------------------------------------------------
 
-    def bookkeeping(self) -> tuple[dict[str, str], dict[str, int]]:
-        """(each session's profile, each queued session's ids): the service's own part of status."""
-        with self._mu:
-            return dict(self._profile_of), {n: len(q.prompt) + len(q.outputs) for n, q in self._queued.items()}
-
     def status(self) -> Status:
-        self._settled(None)  # the counts include what quiet rounds kept
-        return assemble(self)
+        """Each part's record, assembled (``status.assemble``); the open rounds settled first, so the
+        counts include what quiet rounds kept."""
+        shadow = self._settled(None)
+        facade = shadow.status() if shadow is not None else None
+        profile_of, queued = self.turns.bookkeeping()
+        return assemble(
+            facade, queued, profile_of,
+            slot=slot_status(self.slot, self.settings, shadow), where=where_status(self.settings),
+            profiles=ProfilesStatus(self.profiles.source, dict(self.profiles.blocks)), host=self.activity.status(),
+            windows=WindowsStatus(idle=self.stats["idle"].status(), ration=self.stats["ration"].status()),
+            idle_loop=IdleLoopStatus(running=self.idle_loop.running, ticks=self.idle_loop.ticks),
+            router=self.router.status() if self.router is not None else None,
+            narrator=self.narrator.status() if self.narrator is not None else None,
+            answers=list(self.answers), errors=list(self.errors))
 
 
 if TYPE_CHECKING:

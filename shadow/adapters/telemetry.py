@@ -39,9 +39,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.trace import Span as OtelSpan
 from opentelemetry.trace import format_span_id, format_trace_id
 
+from shadow.core.records import ChunkRead
 from shadow.core.scheduling import Telemetry, Window
 from shadow.core.settings import ShadowSettings
-from shadow.core.shadow import ChunkRead
 
 SCOPE = "shadow"
 

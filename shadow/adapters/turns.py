@@ -1,207 +1,236 @@
-"""The host's verbs on the service: a request's turn from ``arrived`` to ``finished``, its decode
-rounds (quiet ones kept for the next look: ``rounds.py``), the narrator's slice and the ration's
-step at a round, and the holds. ``ShadowService`` is built on this class; the feeds, the profiles
-and the questions are its own (``service.py``).
+"""The service's sessions on their way to the facade: each session's profile, the checks on what a
+host feeds, and the feeds kept while the model loads (replayed once it is).
 
-Every write to a turn goes through ``HostActivity`` (``record_*``), under its lock."""
+``Turns`` owns that state, under its own lock; ``ShadowService`` holds one and calls it. A prompt is
+checked once (``check``: its profile, its ids or its rendered messages, its length), and the checked
+prompt (a ``Prompt``) is what ``feed_prompt`` takes: ``started`` checks before it records the turn,
+and the feed does not check again on the way to the request's first token."""
 
 from __future__ import annotations
 
-import time
-from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from shadow.core.errors import BadInput, ShadowError
-from shadow.core.host import HostActivity
-from shadow.core.profiles import ShadowBlock
-from shadow.core.protocols import Ration, Telemetry
-from shadow.core.records import FeedResult, RoundResult, TurnTimeline
-from shadow.core.scheduling import WindowStats
-from shadow.core.settings import ShadowSettings
+from shadow.core.errors import BadInput, ShadowError, UnknownSession
+from shadow.core.profiles import Profiles, ShadowBlock
+from shadow.core.protocols import Telemetry
+from shadow.core.records import FeedResult
+from shadow.core.session import Position
+from shadow.core.shadow import Shadow
+from shadow.core.slot import ModelSlot
 
-from .narrator import Narrator
-from .rounds import OpenRound, OpenRounds
-from .router import RouterQuestion, RouterShadow, insertion_point
-
-if TYPE_CHECKING:
-    from shadow.core.shadow import Shadow
+Renderer = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]] | None, bool | None], list[int]]
 
 
-class HostTurns:
-    """The host interface's verbs (``shadow.core.host.Host``), for ``ShadowService``."""
+def render_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                    enable_thinking: bool | None) -> list[int]:
+    """OpenAI-style messages -> the ids the host's engine prefills (the Qwen3.5 chat template)."""
+    from .chat import render_ids
 
-    # what the service provides
-    settings: ShadowSettings
-    activity: HostActivity
-    ration: Ration
-    narrator: Narrator | None
-    router: RouterShadow | None
-    telemetry: Telemetry
-    clock: Callable[[], float]
-    rounds: OpenRounds
-    stats: dict[str, WindowStats]
-    live: Shadow | None
+    try:
+        return render_ids(messages, tools, add_generation_prompt=True, enable_thinking=enable_thinking)
+    except Exception as err:  # the template's and the converters' errors: the input is at fault
+        raise BadInput(f"messages could not be rendered with the chat template: {type(err).__name__}: {err}") \
+            from None
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A turn's prompt once checked (``Turns.check``): not empty, within the session's bound, its
+    profile known."""
+
+    session: str
+    ids: list[int]
+    profile: str
+    block: ShadowBlock
+
+
+@dataclass
+class _Queued:
+    prompt: list[int]
+    outputs: list[int] = field(default_factory=list)
+
+
+def counts_of(shadow: Shadow, session: str) -> tuple[int, int]:
+    """``(ids held, ids committed)`` of ``session``; ``(0, 0)`` for a session the facade does not know."""
+    try:
+        return shadow.counts(session)
+    except UnknownSession:
+        return 0, 0
+
+
+def _position(shadow: Shadow, session: str) -> Position | None:
+    try:  # no byte counts, no status line: the host calls these paths on every decode round
+        return shadow.position(session)
+    except UnknownSession:
+        return None
+
+
+class Turns:
+    """Each session's profile, the checks, and the feeds kept until the model is loaded."""
+
+    def __init__(self, slot: ModelSlot, profiles: Profiles, default_profile: str, max_session_ids: int,
+                 telemetry: Telemetry, render: Renderer = render_messages,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
+        self.slot = slot
+        self.profiles = profiles
+        self.default_profile = default_profile
+        self.max_session_ids = max_session_ids
+        self.telemetry = telemetry
+        self.render = render
+        self.on_error = on_error  # a kept feed that fails on replay: status's errors
+        self._mu = threading.RLock()
+        self.live: Shadow | None = None  # the facade once loaded and the kept feeds replayed (under _mu)
+        self._queued: dict[str, _Queued] = {}
+        self._profile_of: dict[str, str] = {}
+
+    # ---- the checks ------------------------------------------------------------------------------
 
     def block(self, session: str, profile: str | None) -> tuple[str, ShadowBlock]:
-        raise NotImplementedError
+        """The profile a call names, else the session's, else the default; an unknown one is bad input."""
+        with self._mu:
+            name = profile or self._profile_of.get(session) or self.default_profile
+        try:
+            return name, self.profiles.get(name)
+        except ShadowError as err:
+            raise BadInput(str(err)) from None
 
-    def prompt_ids(self, ids: Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
-                   tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None) -> list[int]:
-        raise NotImplementedError
-
-    def within_length(self, session: str, held: int, more: int) -> None:
-        raise NotImplementedError
-
-    def feed_prompt(self, session: str, ids: Sequence[int] | None = None,
-                    messages: Sequence[Mapping[str, Any]] | None = None,
-                    tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
-                    profile: str | None = None) -> FeedResult:
-        raise NotImplementedError
-
-    def follows(self, session: str) -> bool:
-        raise NotImplementedError
-
-    def narrates(self, session: str) -> bool:
-        raise NotImplementedError
-
-    def counts(self, shadow: Shadow, session: str) -> tuple[int, int]:
-        raise NotImplementedError
-
-    # ---- a turn ----------------------------------------------------------------------------------
-
-    def arrived(self, request_id: str) -> TurnTimeline:
-        return self.activity.record_arrived(request_id, limit=self.settings.max_arrived)
-
-    def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
-                messages: Sequence[Mapping[str, Any]] | None = None,
-                tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
-                profile: str | None = None, router: Mapping[str, Any] | None = None,
-                barrier: bool = True) -> tuple[TurnTimeline, FeedResult]:
-        """The request runs. Its prompt is checked first (a bad one changes nothing), then it waits
-        for the idle window's chunk in flight (``barrier``), then the prompt is fed."""
+    def check(self, session: str, ids: Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None,
+              tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None,
+              profile: str | None) -> Prompt:
+        """The prompt, given as ids or as messages (rendered with the template), checked once: a bad
+        one is refused before anything changes."""
         name, block = self.block(session, profile)
-        prompt = self.prompt_ids(ids, messages, tools, enable_thinking)
+        if (ids is None) == (messages is None):
+            raise BadInput("give the prompt as ids or as messages, one of the two")
+        if messages is not None:
+            if not messages:
+                raise BadInput("messages is empty")
+            prompt = self.render(messages, tools, enable_thinking)
+        else:
+            assert ids is not None
+            prompt = list(ids)
         if not prompt:
             raise BadInput("empty prompt")
         self.within_length(session, 0, len(prompt))
-        turn = self.activity.record_started(request_id, session, len(prompt), name)
-        if barrier:
-            self.activity.out_of_the_way()
-        try:
-            fed = self.feed_prompt(session, prompt, profile=name)
-        except ShadowError:
-            self.activity.record_finished(request_id)
-            raise
-        if (router is not None and fed.followed and self.router is not None and block.router == "shadow"
-                and len(prompt) >= block.router_min_tokens):
-            at = insertion_point(prompt)
-            self.router.enqueue(RouterQuestion(
-                session, request_id, router["question"], list(router["choices"]), router.get("label"),
-                at, fed.behind_at_start or 0, self.clock(), len(prompt), fresh=router.get("fresh"),
-                ids=array("I", prompt[:at])))
-        return turn, fed
+        return Prompt(session, prompt, name, block)
 
-    def first_token(self, request_id: str) -> TurnTimeline:
-        return self.activity.record_first_token(request_id)
+    def within_length(self, session: str, held: int, more: int) -> None:
+        """A session's ids are bounded (``MAX_SESSION_IDS``): a feed past it is refused whole and the
+        session stays as it was (its ids and its state grow with every feed, and nothing else ends it)."""
+        limit = self.max_session_ids
+        if held + more > limit:
+            raise BadInput(f"session {session!r} would hold {held + more} ids ({held} + {more}), more than "
+                           f"QWEN38_SHADOW_MAX_SESSION_IDS={limit}: forget it (DELETE) or start a new one")
 
-    def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
-        """Between two decode rounds: feed the round's output ids, then the narrator's slice, then
-        read within the ration. A round where a look would read nothing stays quiet: its ids are
-        checked and kept for the next look (``rounds.py``: what a waiting host pays per round)."""
-        entered = time.perf_counter()
-        open_ = self.rounds.get(request_id)
-        if open_ is not None and self._quiet(open_, ids) and self.rounds.add(open_, ids):
-            turn = self.activity.record_round_ended(request_id, len(ids))
-            self.activity.record_host_time(request_id, time.perf_counter() - entered)
-            return RoundResult(request_id, 0, 0.0, turn.budget_s * 1e3, turn.spent_s * 1e3,
-                               open_.backlog + len(open_.pending))
-        turn = self.activity.turn(request_id)
-        session = turn.session
-        if session is None or turn.started_s is None:
-            raise BadInput(f"request {request_id!r} has not started")
-        follows = self.follows(session)
-        every, fed = self.rounds.take(request_id, session, ids, follows)
-        turn = self.activity.record_round_ended(request_id, len(ids))
-        # the narrator first: a thought that just ended is summarised at its end, before the ration
-        # reads past it
-        narrated = self._narrate(turn, fed, every, final=False)
-        if follows:
-            chunks = self.ration.step(turn)  # it records its slice's budget and spending on the turn
-        else:  # a session not followed gets no ration
-            chunks = []
-            self.activity.record_ration(request_id, 0.0, 0, 0.0)
-        if chunks:
-            self.stats["ration"].add(chunks)
-        shadow = self.live
-        live = fed is not None and fed.followed and not fed.queued
-        if live and not chunks and not narrated:
-            assert fed is not None
-            held, committed = fed.ids, fed.committed  # nothing read since the feed counted them
-        else:
-            held, committed = self.counts(shadow, session) if shadow is not None else (0, 0)
-        if live and shadow is not None:
-            self.rounds.keep(turn, session, held, held - committed)
-        self.activity.record_host_time(request_id, time.perf_counter() - entered)
-        return RoundResult(request_id, len(chunks), sum(c.cost_s for c in chunks) * 1e3, turn.budget_s * 1e3,
-                           turn.spent_s * 1e3, held - committed)
+    # ---- feeding ---------------------------------------------------------------------------------
 
-    def _quiet(self, open_: OpenRound, ids: Sequence[int]) -> bool:
-        """A look at this round would read nothing: neither the ration (its own test, with the
-        backlog counted since the last look) nor the narrator wants it, and the ids would feed."""
-        shadow = self.live
-        if shadow is None or not open_.within(len(ids), self.settings.max_session_ids) or not shadow.accepts(ids):
+    def _result(self, shadow: Shadow | None, session: str, **kw: Any) -> FeedResult:
+        if shadow is None:
+            with self._mu:
+                q = self._queued.get(session)
+            n = len(q.prompt) + len(q.outputs) if q else 0
+            return FeedResult(session, True, queued=True, ids=n, backlog=n, **kw)
+        held, committed = counts_of(shadow, session)
+        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed, **kw)
+
+    def feed_prompt(self, prompt: Prompt) -> FeedResult:
+        """A turn's whole prompt, checked (``check``): to the facade, or kept until it is loaded."""
+        session = prompt.session
+        if self.slot.state in ("off", "failed"):
+            return FeedResult(session, False, reason=self.slot.state)
+        with self._mu:
+            self._profile_of[session] = prompt.profile
+            if not prompt.block.follows:
+                return FeedResult(session, False, reason="profile")
+            shadow = self.live
+            if shadow is None:
+                q = self._queued.get(session)
+                behind = len(q.prompt) + len(q.outputs) if q is not None else None
+                self._queued[session] = _Queued(prompt.ids)
+                return self._result(None, session, behind_at_start=behind)
+        before = _position(shadow, session)
+        shadow.feed_prompt(session, prompt.ids)
+        self.telemetry.observe("behind_at_turn_start_ids", before.pending if before else 0)
+        out = self._result(shadow, session, behind_at_start=before.pending if before else None)
+        after = _position(shadow, session) or Position()
+        out.rollback = after.rollbacks > (before.rollbacks if before else 0)
+        return out
+
+    def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
+        """Qwen's output ids, appended: to the facade, or after the kept prompt."""
+        if self.slot.state in ("off", "failed"):
+            return FeedResult(session, False, reason=self.slot.state)
+        with self._mu:
+            profile = self._profile_of.get(session)
+            if profile is not None and not self.profiles.get(profile).follows:
+                return FeedResult(session, False, reason="profile")
+            shadow = self.live
+            if shadow is None:
+                q = self._queued.get(session)
+                if q is None:
+                    raise UnknownSession(f"unknown session {session!r}")
+                if any(not isinstance(i, int) or i < 0 for i in ids):
+                    raise BadInput("output ids must be whole numbers >= 0")
+                self.within_length(session, len(q.prompt) + len(q.outputs), len(ids))
+                q.outputs.extend(ids)
+                return self._result(None, session)
+        held, committed = counts_of(shadow, session)  # counted once: the host calls this every round
+        self.within_length(session, held, len(ids))
+        shadow.feed_output(session, ids)
+        held += len(ids)
+        return FeedResult(session, True, ids=held, committed=committed, backlog=held - committed)
+
+    def replay(self, shadow: Shadow) -> None:
+        """On load: the feeds kept meanwhile go to the facade, which is live from then on."""
+        with self._mu:
+            for name, q in self._queued.items():
+                try:
+                    shadow.feed_prompt(name, q.prompt)
+                    if q.outputs:
+                        shadow.feed_output(name, q.outputs)
+                except ShadowError as err:
+                    if self.on_error is not None:
+                        self.on_error(err)
+            self._queued.clear()
+            self.live = shadow
+        shadow.residency.on_forget.append(self.forgotten)
+
+    # ---- the profile's word on a session ----------------------------------------------------------
+
+    def follows(self, session: str) -> bool:
+        with self._mu:
+            profile = self._profile_of.get(session)
+        if profile is None or self.slot.state in ("off", "failed"):
             return False
-        if self.ration.may_read(open_.turn, open_.backlog + len(open_.pending) + len(ids), shadow.grid):
-            return False
-        return self.narrator is None or not self.narrator.wants(open_.turn.request_id, ids)
+        return self.profiles.get(profile).follows
 
-    def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
-        """The request ended. Its account goes out as a ``shadow.turn`` span: the time its host
-        spent inside the shadow's calls during the decode, so that a trace alone tells what the
-        shadow cost a host that waits on its calls (an overlapped host pays only the chunks)."""
-        entered = time.perf_counter()
-        turn = self.activity.turn(request_id)
-        new = len(ids)
-        if turn.session is not None:  # the quiet rounds' ids first
-            every, fed = self.rounds.take(request_id, turn.session, ids, self.follows(turn.session))
-            # before the turn ends: the idle window stays shut meanwhile
-            self._narrate(turn, fed, every, final=True)
-        done = self.activity.record_finished(request_id, new, host_s=time.perf_counter() - entered)
-        if done.session is not None and done.first_token_s is not None:
-            with self.telemetry.span("shadow.turn", {
-                    "gen_ai.conversation.id": done.session, "shadow.request.id": request_id,
-                    "shadow.turn.host_ms": done.host_s * 1e3, "shadow.turn.rounds": done.rounds,
-                    "shadow.turn.ration_ms": done.spent_s * 1e3, "shadow.turn.chunks": done.chunks}):
-                pass
-        return done
+    def narrates(self, session: str) -> bool:
+        with self._mu:
+            return session in self._profile_of and self.profiles.get(self._profile_of[session]).narrator == "on"
 
-    def _narrate(self, turn: TurnTimeline, fed: FeedResult | None, ids: Sequence[int], final: bool) -> bool:
-        """The narrator's slice: thoughts that ended in ``ids`` (fed at the session's end), then the
-        summaries that fit the turn's share (``shadow.adapters.narrator``). Returns whether it may
-        have read chunks (a thought waited)."""
-        if self.narrator is None or turn.session is None:
-            return False
-        if fed is not None and fed.followed and not fed.queued and self.narrates(turn.session):
-            self.narrator.output(turn, turn.session, fed.ids - len(ids), list(ids))
-        waited = self.narrator.waiting(turn.request_id) > 0
-        self.narrator.step(turn, final)
-        return waited
+    # ---- forgetting ------------------------------------------------------------------------------
 
-    # ---- holds -----------------------------------------------------------------------------------
+    def forget(self, session: str) -> None:
+        """Drop a session: its state, its parked file, its kept feeds, its profile."""
+        with self._mu:
+            queued = self._queued.pop(session, None) is not None
+            self._profile_of.pop(session, None)
+            shadow = self.live
+        if shadow is not None and session in shadow.sessions():
+            shadow.forget(session)
+        elif not queued:
+            raise UnknownSession(f"unknown session {session!r}")
 
-    @contextmanager
-    def hold(self) -> Iterator[str]:
-        with self.activity.holding() as hold_id:
-            yield hold_id
+    def forgotten(self, session: str) -> None:
+        """The facade forgot ``session`` (a DELETE, its cap or MAX_SESSIONS): its profile goes too.
+        Called under the facade's lock, so not under ``_mu`` (taken before the facade's elsewhere):
+        one dict pop is atomic on its own."""
+        self._profile_of.pop(session, None)
 
-    def add_hold(self, ttl_s: float | None = None) -> str:
-        """A hold for a client: at most ``MAX_HOLDS`` live, none longer than ``MAX_HOLD_S`` (a
-        forgotten hold would keep the idle window shut)."""
-        if ttl_s is not None and ttl_s > self.settings.max_hold_s:
-            raise BadInput(f"ttl_s={ttl_s:g} is longer than QWEN38_SHADOW_MAX_HOLD_S={self.settings.max_hold_s:g}")
-        return self.activity.record_hold(ttl_s, limit=self.settings.max_holds)
-
-    def release_hold(self, hold_id: str) -> None:
-        self.activity.record_hold_released(hold_id)
+    def bookkeeping(self) -> tuple[dict[str, str], dict[str, int]]:
+        """(each session's profile, each kept session's ids): this object's part of status."""
+        with self._mu:
+            return dict(self._profile_of), {n: len(q.prompt) + len(q.outputs) for n, q in self._queued.items()}

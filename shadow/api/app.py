@@ -70,15 +70,15 @@ from litestar.status_codes import (
 )
 
 from shadow.adapters.metrics import Metrics
-from shadow.adapters.narrator import Narration
-from shadow.adapters.service import Narrated, ShadowService, ShadowUnavailable
-from shadow.adapters.status import Status
+from shadow.adapters.records import Narrated, Narration, Status
+from shadow.adapters.service import ShadowService, ShadowUnavailable
 from shadow.core.errors import BadInput, ShadowError, TooMany, UnknownSession
 from shadow.core.host import UnknownRequest
 from shadow.core.profiles import ProfileError
-from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, TurnTimeline
+from shadow.core.records import Answer, FeedResult, RoundResult, RouterAsk, StartedTurn, TurnTimeline
 
 from . import models
+from . import paths as p
 from .guard import Guard
 from .models import Arrived, AskBody, Chat, HoldBody, NarrateBody, Output, Prompt, RequestRef, Round, Started
 from .operators import OperatorController, template_config
@@ -87,7 +87,6 @@ from .responses import Hold, Problem
 # what the routes answer: the layers' records as they are (their schemas are msgspec's, see below)
 ANSWERS = (Answer, FeedResult, TurnTimeline, StartedTurn, RoundResult, Status, Narrated, Hold, Problem)
 
-BASE = "/v1/conductor/shadow"
 KEEP_ALIVE_S = 15.0  # a comment line this often: a client that went away is noticed
 log = logging.getLogger("shadow.api")
 VERSION = "0.1.0"
@@ -136,7 +135,7 @@ def _exact_components(app: Litestar) -> None:
     for name, raw in components.items():
         schema.components.schemas[name] = _Exact(raw)  # type: ignore[assignment]
     # A session's name in a path is any name (a "path" parameter only so that it may hold "/"), not a URI.
-    forget = schema.paths[BASE + "/sessions/{session}"].delete  # type: ignore[index]
+    forget = schema.paths[p.BASE + p.SESSIONS + "/{session}"].delete  # type: ignore[index]
     assert forget is not None and forget.parameters
     forget.parameters[0].schema = _Exact({"type": "string", "minLength": 1, "maxLength": 256})  # type: ignore[union-attr]
 
@@ -150,25 +149,25 @@ def _prompt(p: list[int] | Chat) -> dict[str, Any]:
 
 
 class ShadowController(Controller):
-    path = BASE
+    path = p.BASE
     tags = ("shadow",)
 
-    @post("/ask", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.ASK, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="Ask a typed question about a session")
     def ask(self, data: AskBody, service: ShadowService) -> Answer:
         return service.ask(data.session, data.question, data.choices)
 
-    @get("/status", responses=GUARDED, sync_to_thread=True,
+    @get(p.STATUS, responses=GUARDED, sync_to_thread=True,
          summary="The slot, every session's read position, the windows")
     def status(self, service: ShadowService) -> Status:
         return service.status()
 
-    @post("/narrate", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.NARRATE, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The narrator's summary on top of a session")
     def narrate(self, data: NarrateBody, service: ShadowService) -> Narrated:
         return service.narrate(data.session, data.prompt, data.max_new)
 
-    @get("/narration", responses=GUARDED, summary="The narrator's summaries, as server-sent events")
+    @get(p.NARRATION, responses=GUARDED, summary="The narrator's summaries, as server-sent events")
     async def narration(self, service: ShadowService, session: str | None = None) -> ServerSentEvent:
         """One ``narration`` event per summary (its JSON record), from the moment of the request on;
         the stream opens with a ``: subscribed`` comment, keeps alive with comments, and ends when
@@ -201,71 +200,69 @@ class ShadowController(Controller):
 
         return ServerSentEvent(events())
 
-    @delete("/sessions/{session:path}", responses=FORGET, status_code=204, sync_to_thread=True,
+    @delete(p.SESSIONS + "/{session:path}", responses=FORGET, status_code=204, sync_to_thread=True,
             summary="Forget a session: its state, its parked file, its bookkeeping")
     def forget(self, request: Request[Any, Any, Any], session: Path, service: ShadowService) -> None:
         # The name as sent (percent-encoded, so it may hold "/"), not the path Litestar normalised.
         raw = request.scope.get("raw_path") or request.url.path.encode()
-        service.forget(unquote(raw.decode("latin-1").split("/sessions/", 1)[1]))
+        service.forget(unquote(raw.decode("latin-1").split(p.SESSIONS + "/", 1)[1]))
 
 
 class FeedController(Controller):
-    path = BASE + "/feed"
+    path = p.BASE + p.FEED
     tags = ("feeding",)
 
-    @post("/prompt", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.FEED_PROMPT, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="A turn's whole prompt (ids or messages)")
     def prompt(self, data: Prompt, service: ShadowService) -> FeedResult:
         return service.feed_prompt(data.session, profile=data.profile, **_prompt(data.prompt))
 
-    @post("/output", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.FEED_OUTPUT, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="Qwen's output ids, appended")
     def output(self, data: Output, service: ShadowService) -> FeedResult:
         return service.feed_output(data.session, data.ids)
 
 
 class HostController(Controller):
-    path = BASE + "/host"
+    path = p.BASE + p.HOST
     tags = ("host",)
 
-    @post("/arrived", responses=ERRORS, status_code=200,
+    @post(p.HOST_ARRIVED, responses=ERRORS, status_code=200,
           summary="A request is queued")
     async def arrived(self, data: Arrived, service: ShadowService) -> TurnTimeline:
         return service.arrived(data.request_id)
 
-    @post("/started", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.HOST_STARTED, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The request runs; answers once the idle window is out of the way")
     def started(self, data: Started, service: ShadowService) -> StartedTurn:
-        router = None
-        if data.router is not None:
-            router = {"question": data.router.question, "choices": data.router.choices, "label": data.router.label,
-                      "fresh": data.router.fresh}
+        r = data.router
+        router = None if r is None else RouterAsk(r.question, r.choices, r.label, r.fresh)
         turn, fed = service.started(data.request_id, data.session, profile=data.profile, router=router,
                                     **_prompt(data.prompt))
         return StartedTurn(turn=turn, fed=fed)
 
-    @post("/first-token", responses=ERRORS, status_code=200,
+    @post(p.HOST_FIRST_TOKEN, responses=ERRORS, status_code=200,
           summary="The turn's first token")
     async def first_token(self, data: RequestRef, service: ShadowService) -> TurnTimeline:
         return service.first_token(data.request_id)
 
-    @post("/round-ended", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.HOST_ROUND_ENDED, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="A decode round ended; reads within the ration before answering")
     def round_ended(self, data: Round, service: ShadowService) -> RoundResult:
         return service.round_ended(data.request_id, data.ids)
 
-    @post("/finished", responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.HOST_FINISHED, responses=ERRORS, status_code=200, sync_to_thread=True,
           summary="The turn is over")
     def finished(self, data: Round, service: ShadowService) -> TurnTimeline:
         return service.finished(data.request_id, data.ids)
 
-    @post("/holds", responses={**ERRORS, 429: _spec("QWEN38_SHADOW_MAX_HOLDS holds are live already")},
+    @post(p.HOST_HOLDS, responses={**ERRORS, 429: _spec("QWEN38_SHADOW_MAX_HOLDS holds are live already")},
           status_code=201,
           summary="Keep the idle window shut (with a TTL)")
     async def add_hold(self, data: HoldBody, service: ShadowService) -> Hold:
         return Hold(hold_id=service.add_hold(data.ttl_s))
 
-    @delete("/holds/{hold_id:str}", responses=UNKNOWN, status_code=204, summary="End a hold")
+    @delete(p.HOST_HOLDS + "/{hold_id:str}", responses=UNKNOWN, status_code=204, summary="End a hold")
     async def release_hold(self, hold_id: str, service: ShadowService) -> None:
         service.release_hold(hold_id)
 

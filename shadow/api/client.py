@@ -3,7 +3,10 @@
 ``ShadowClient`` is the host interface (``shadow.core.host.Host``) over HTTP: the same verbs as
 the service in process, answering the same records (``TurnTimeline``, ``FeedResult``, ``RoundResult``,
 ``Answer``, ``Status``, ...), decoded from the JSON the endpoints return by msgspec, strictly: an
-answer that does not fit its record is an error, not a half-filled one."""
+answer that does not fit its record is an error, not a half-filled one.
+
+It imports the records and the paths only, not the server: a host that talks to the service over
+HTTP loads neither Litestar nor the service (``tests/api/test_client_imports.py``)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,10 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
-from shadow.adapters.narrator import Narration
-from shadow.adapters.service import Narrated
-from shadow.adapters.status import Status
-from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, TurnTimeline
+from shadow.adapters.records import Narrated, Narration, Status
+from shadow.core.records import Answer, FeedResult, RoundResult, RouterAsk, StartedTurn, TurnTimeline
 
-from .app import BASE
+from . import paths as p
 from .responses import Hold
 
 R = TypeVar("R")
@@ -52,7 +53,7 @@ class ShadowClient:
     def __init__(self, base_url: str, timeout: float = 60.0, token: str | None = None) -> None:
         """``token``: the service's ``QWEN38_SHADOW_TOKEN``, sent as a bearer token with every call."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=base_url.rstrip("/") + BASE, timeout=timeout, headers=headers)
+        self.http = httpx.Client(base_url=base_url.rstrip("/") + p.BASE, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self.http.close()
@@ -84,13 +85,13 @@ class ShadowClient:
     # ---- questions and status ----
     def ask(self, session: str, question: str | Sequence[int], choices: Sequence[str]) -> Answer:
         q = question if isinstance(question, str) else list(question)
-        return self._get(Answer, "POST", "/ask", {"session": session, "question": q, "choices": list(choices)})
+        return self._get(Answer, "POST", p.ASK, {"session": session, "question": q, "choices": list(choices)})
 
     def status(self) -> Status:
-        return self._get(Status, "GET", "/status")
+        return self._get(Status, "GET", p.STATUS)
 
     def narrate(self, session: str, prompt: str, max_new: int = 64) -> Narrated:
-        return self._get(Narrated, "POST", "/narrate", {"session": session, "prompt": prompt, "max_new": max_new})
+        return self._get(Narrated, "POST", p.NARRATE, {"session": session, "prompt": prompt, "max_new": max_new})
 
     def narrations(self, session: str | None = None,
                    on_open: Callable[[], None] | None = None) -> Iterator[Narration]:
@@ -100,7 +101,7 @@ class ShadowClient:
         service has subscribed the stream: no summary after that is missed. Runs until the server
         ends the stream, or the caller stops iterating (the connection is then closed)."""
         params = {"session": session} if session is not None else None
-        with self.http.stream("GET", "/narration", params=params) as r:
+        with self.http.stream("GET", p.NARRATION, params=params) as r:
             if r.status_code >= 400:
                 r.read()
                 raise ShadowHTTPError(r.status_code, r.text)
@@ -135,48 +136,48 @@ class ShadowClient:
     def feed_prompt(self, session: str, prompt: Sequence[int] | Mapping[str, Any], **kw: Any) -> FeedResult:
         """``prompt``: token ids, or ``{"messages": [...], "tools": [...], "enable_thinking": ...}``."""
         body = {"session": session, "prompt": dict(prompt) if isinstance(prompt, Mapping) else list(prompt), **kw}
-        return self._get(FeedResult, "POST", "/feed/prompt", body)
+        return self._get(FeedResult, "POST", p.FEED + p.FEED_PROMPT, body)
 
     def feed_output(self, session: str, ids: Sequence[int]) -> FeedResult:
-        return self._get(FeedResult, "POST", "/feed/output", {"session": session, "ids": list(ids)})
+        return self._get(FeedResult, "POST", p.FEED + p.FEED_OUTPUT, {"session": session, "ids": list(ids)})
 
     # ---- the host interface ----
     def arrived(self, request_id: str) -> TurnTimeline:
-        return self._get(TurnTimeline, "POST", "/host/arrived", {"request_id": request_id})
+        return self._get(TurnTimeline, "POST", p.HOST + p.HOST_ARRIVED, {"request_id": request_id})
 
     def started(self, request_id: str, session: str, ids: Sequence[int] | None = None,
                 messages: Sequence[Mapping[str, Any]] | None = None,
                 tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
                 profile: str | None = None,
-                router: Mapping[str, Any] | None = None) -> tuple[TurnTimeline, FeedResult]:
+                router: RouterAsk | None = None) -> tuple[TurnTimeline, FeedResult]:
         body: dict[str, Any] = {"request_id": request_id, "session": session,
                                 "prompt": _prompt(ids, messages, tools, enable_thinking)}
         if profile is not None:
             body["profile"] = profile
         if router is not None:
-            body["router"] = {k: (list(v) if k == "choices" else v) for k, v in router.items()}
-        got = self._get(StartedTurn, "POST", "/host/started", body)
+            body["router"] = msgspec.to_builtins(router)
+        got = self._get(StartedTurn, "POST", p.HOST + p.HOST_STARTED, body)
         return got.turn, got.fed
 
     def first_token(self, request_id: str) -> TurnTimeline:
-        return self._get(TurnTimeline, "POST", "/host/first-token", {"request_id": request_id})
+        return self._get(TurnTimeline, "POST", p.HOST + p.HOST_FIRST_TOKEN, {"request_id": request_id})
 
     def round_ended(self, request_id: str, ids: Sequence[int] = ()) -> RoundResult:
-        return self._get(RoundResult, "POST", "/host/round-ended", {"request_id": request_id, "ids": list(ids)})
+        return self._get(RoundResult, "POST", p.HOST + p.HOST_ROUND_ENDED, {"request_id": request_id, "ids": list(ids)})
 
     def finished(self, request_id: str, ids: Sequence[int] = ()) -> TurnTimeline:
-        return self._get(TurnTimeline, "POST", "/host/finished", {"request_id": request_id, "ids": list(ids)})
+        return self._get(TurnTimeline, "POST", p.HOST + p.HOST_FINISHED, {"request_id": request_id, "ids": list(ids)})
 
     def add_hold(self, ttl_s: float | None = None) -> str:
         """A hold with ``ttl_s``, or the server's default time to live (600 s)."""
-        return self._get(Hold, "POST", "/host/holds", {} if ttl_s is None else {"ttl_s": ttl_s}).hold_id
+        return self._get(Hold, "POST", p.HOST + p.HOST_HOLDS, {} if ttl_s is None else {"ttl_s": ttl_s}).hold_id
 
     def release_hold(self, hold_id: str) -> None:
-        self._call("DELETE", f"/host/holds/{hold_id}")
+        self._call("DELETE", f"{p.HOST}{p.HOST_HOLDS}/{hold_id}")
 
     def forget(self, session: str) -> None:
         """Drop a session on the service: its state and its parked file."""
-        self._call("DELETE", f"/sessions/{quote(session, safe='')}")
+        self._call("DELETE", f"{p.SESSIONS}/{quote(session, safe='')}")
 
     @contextmanager
     def hold(self) -> Iterator[str]:

@@ -14,7 +14,7 @@ MAX_IDS = 1_000_000  # more ids than any prompt a served Qwen takes
 QWEN35_VOCAB = 248_320  # the embedding rows of every Qwen3.5 size (248,077 ids in use, padded)
 
 __all__ = ["Arrived", "AskBody", "Chat", "HoldBody", "Message", "NarrateBody", "Output", "Prompt", "RequestRef",
-           "Round", "RouterAsk", "Started"]
+           "Round", "RouterBody", "Started"]
 
 TokenId = Annotated[int, Meta(ge=0, lt=QWEN35_VOCAB, description="a Qwen3.5 token id")]
 Ids = Annotated[list[TokenId], Meta(max_length=MAX_IDS, description="Qwen3.5 token ids")]
@@ -77,7 +77,7 @@ class NarrateBody(Struct, forbid_unknown_fields=True, kw_only=True):
     max_new: Annotated[int, Meta(ge=1, le=128)] = 64
 
 
-class RouterAsk(Struct, forbid_unknown_fields=True, kw_only=True):
+class RouterBody(Struct, forbid_unknown_fields=True, kw_only=True):
     """The router's class question for this turn (router shadow mode) and the router's own answer."""
 
     question: Text | Ids
@@ -95,7 +95,7 @@ class Started(Struct, forbid_unknown_fields=True, kw_only=True):
     session: Name
     prompt: PromptIds | Chat
     profile: Name | None = None
-    router: RouterAsk | None = None
+    router: RouterBody | None = None
 
 
 class RequestRef(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -31,10 +31,11 @@ from litestar.template.config import TemplateConfig
 from msgspec import Struct
 
 from shadow.adapters.metrics import CONTENT_TYPE, Metrics
+from shadow.adapters.records import Status
 from shadow.adapters.service import ShadowService
-from shadow.adapters.status import Status
 
-BASE = "/v1/conductor/shadow"  # the API's (shadow.api.app.BASE)
+from .paths import BASE
+
 OPERATOR = ("/metrics", "/health", "/ready")
 OPERATOR_PATHS = frozenset(OPERATOR) | frozenset(BASE + p for p in OPERATOR)
 PAGE_PATHS = frozenset({"/", BASE, BASE + "/"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shadow.adapters.status import Status
+from shadow.adapters.records import Status
 
 
 def table(rows: list[list[str]]) -> str:

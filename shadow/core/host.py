@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .errors import BadInput, ShadowError, TooMany
-from .records import FeedResult, HostStatus, RoundResult, TurnTimeline
+from .records import FeedResult, HostStatus, RoundResult, RouterAsk, TurnTimeline
 
 __all__ = ["IDLE_RANK", "REQUEST_RANK", "BoxLock", "EngineLock", "FeedResult", "Host", "HostActivity", "RankedLock",
            "RoundResult", "TurnTimeline", "UnknownRequest"]
@@ -148,8 +148,8 @@ class Host(Protocol):
 
     ``started`` takes the turn's whole prompt as ids or as OpenAI-style messages (with ``tools``
     and ``enable_thinking``; rendered with the Qwen3.5 chat template), the profile, and the
-    router's question in shadow mode (``{"question", "choices", "label", "fresh"}``: ``fresh`` says
-    whether the router decided the class on this turn). ``add_hold`` without
+    router's question in shadow mode (a ``RouterAsk``: ``fresh`` says whether the router decided
+    the class on this turn). ``add_hold`` without
     ``ttl_s`` lasts until released in process; over HTTP the server's default time to live applies,
     so a host that dies cannot keep the idle window shut for ever."""
 
@@ -159,7 +159,7 @@ class Host(Protocol):
                 messages: Sequence[Mapping[str, Any]] | None = None,
                 tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
                 profile: str | None = None,
-                router: Mapping[str, Any] | None = None) -> tuple[TurnTimeline, FeedResult]: ...
+                router: RouterAsk | None = None) -> tuple[TurnTimeline, FeedResult]: ...
 
     def first_token(self, request_id: str) -> TurnTimeline: ...
 

@@ -89,6 +89,17 @@ class RoundResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RouterAsk:
+    """The question a host's router asks Qwen on a turn, and the router's own answer, for the shadow
+    to ask too (a profile's ``router: shadow``; ``shadow.adapters.router``)."""
+
+    question: str | list[int]  # the text, or its ids
+    choices: list[str]  # one-token labels
+    label: str | None = None  # the router's own answer
+    fresh: bool | None = None  # the router decided the class on this turn (False: carried the session's forward)
+
+
+@dataclass(frozen=True, slots=True)
 class StartedTurn:
     """``started``'s answer over HTTP: the turn and what the prompt's feed did."""
 

@@ -12,7 +12,8 @@ Two windows (docs/architecture.md, promise 6):
   ``slice_s``, whole passes only, each pass's cost estimated from the facade's table of costs by
   batch size and depth (``shadow.core.costs``).
 
-Both read through ``Shadow.read``, the one loop: pick sessions within the budget, read a pass, account.
+Each builds a ``ReadPlan`` (``shadow.core.plan``) that ``Shadow.read``, the one loop, carries out: schedule,
+read, account.
 
 Nothing here sleeps or reads a clock of its own: time comes in as arguments or as an injected
 clock, so the same code runs under a simulated timeline.

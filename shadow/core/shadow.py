@@ -20,14 +20,13 @@ from typing import Any
 
 from .costs import ChunkCosts, fits
 from .errors import BadInput, UnknownSession
+from .plan import ALL_READY, ReadPlan
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
-from .questions import MAX_CHOICES, choice_tokens, question_ids
+from .questions import choice_tokens, question_ids
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
 from .residency import Residency
 from .session import Position, first_difference, int32_or_none
 from .token_ids import checked, packed
-
-__all__ = ["MAX_CHOICES", "Answer", "ChunkRead", "Shadow"]
 
 OnPass = Callable[[list["ChunkRead"], "float | None", int, int], None]  # chunks, estimate, start, end (epoch ns)
 
@@ -195,47 +194,34 @@ class Shadow:
             self.prompter.question_ids("?")  # the chat template and the tokenizer, loaded before a question
             self.prompter.single_token("A")
 
-    def read(self, session: str | None = None, budget_s: float | None = None, max_chunks: int | None = None, *,
-             first: Sequence[str] = (), stop: Callable[[], bool] | None = None, on_pass: OnPass | None = None,
-             first_pass_free: bool = False, whole: bool = False, yields: bool = False,
-             settled: bool = False) -> list[ChunkRead]:
-        """Read whole chunks now, in passes of up to ``reader.max_batch`` sessions (one chunk each):
-        of ``session`` alone (a use), or of every session with a whole chunk pending but those
-        dropped and not used since: those of ``first`` (uses: the turns in flight) nearest to fresh
-        first, then the rest most recently used first. A pass starts only while its estimated cost (``costs``)
-        still fits ``budget_s`` (the first pass, with ``first_pass_free``, always) and ``stop()`` is
-        false; with ``whole`` a pass takes the line's whole head (up to ``max_batch``) or waits for the
-        budget to cover it, rather than reading fewer sessions now (a batch costs less per session:
-        the device-wide ration's way to spend its share on throughput); with ``yields`` (a background
-        read) it also stops once another caller waits for the facade, so that caller waits at most
-        the pass in flight, not the slice; with ``settled`` it reads only below each session's
-        settled end (the ration: the next prompt mostly rewrites what lies past it, Qwen's latest
-        output, and rows read there would be read again); ``on_pass(chunks, estimate, start_ns,
-        end_ns)`` follows each pass. This is the loop:
-        the schedulers give it a budget and the sessions to favour, and do not repeat it."""
+    def read(self, plan: ReadPlan = ALL_READY, on_pass: OnPass | None = None,
+             stop: Callable[[], bool] | None = None) -> list[ChunkRead]:
+        """Read whole chunks now, as ``plan`` says (``ReadPlan``; by default every ready session, no
+        bound), in passes of up to ``reader.max_batch`` sessions (one chunk each), while ``stop()`` is
+        false; ``on_pass(chunks, estimate, start_ns, end_ns)`` follows each pass. This is the loop:
+        the schedulers build the plan and do not repeat it."""
         spent, done = 0.0, list[ChunkRead]()
         with self._lock:
-            if session is not None:
-                self.residency.check(session)
-            uses = {session} if session is not None else set(first)
-            while (stop is None or not stop()) and not (yields and self._lock.waiting):
-                most = self.reader.max_batch if max_chunks is None else min(self.reader.max_batch,
-                                                                            max_chunks - len(done))
-                line = self._line(session, first, settled)[:max(0, most)]
-                budget = None if budget_s is None or (first_pass_free and not done) else budget_s
-                names, estimate = self._fitting(line, spent, budget, whole)
+            if plan.session is not None:
+                self.residency.check(plan.session)
+            while (stop is None or not stop()) and not (plan.yields and self._lock.waiting):
+                most = self.reader.max_batch if plan.max_chunks is None else min(self.reader.max_batch,
+                                                                                 plan.max_chunks - len(done))
+                line = self._line(plan.session, plan.favoured, plan.settled)[:max(0, most)]
+                budget = None if plan.budget_s is None or (plan.first_pass_free and not done) else plan.budget_s
+                names, estimate = self._fitting(line, spent, budget, plan.whole)
                 if not names:
                     break
-                span = self._span_room(names, spent, budget, None if max_chunks is None else max_chunks - len(done),
-                                       settled)
-                chunks, start_ns, end_ns = self._read_pass(names, uses, span)
+                left = None if plan.max_chunks is None else plan.max_chunks - len(done)
+                span = self._span_room(names, spent, budget, left, plan.settled)
+                chunks, start_ns, end_ns = self._read_pass(names, plan.uses, span)
                 spent += sum(c.cost_s for c in chunks)
                 done += chunks
                 if on_pass is not None:
                     on_pass(chunks, estimate, start_ns, end_ns)
         return done
 
-    def _line(self, session: str | None, first: Sequence[str], settled: bool = False) -> list[str]:
+    def _line(self, session: str | None, favoured: Sequence[str], settled: bool = False) -> list[str]:
         """The sessions ``read`` may read next, in its order. Of the turns in flight the one nearest
         to fresh comes first: with the ration short, reading the most behind first left every turn
         a little behind (80 % fresh at 16 agents against 96 %, ``benchmarks/concurrency.py``)."""
@@ -246,9 +232,9 @@ class Shadow:
             end, committed = self.residency.counts(name, settled)
             if end - committed >= self.grid and not self.residency.awaits_use(name):
                 pending[name] = end - committed
-        favoured = set(first)
-        ahead = sorted((n for n in pending if n in favoured), key=lambda n: (pending[n], n))
-        rest = sorted((n for n in pending if n not in favoured), key=lambda n: (-self._last_used(n), n))
+        first = set(favoured)
+        ahead = sorted((n for n in pending if n in first), key=lambda n: (pending[n], n))
+        rest = sorted((n for n in pending if n not in first), key=lambda n: (-self._last_used(n), n))
         return ahead + rest
 
     def _fitting(self, line: list[str], spent: float, budget: float | None,
@@ -271,7 +257,7 @@ class Shadow:
         room = (end - committed) // self.grid if most is None else min(most, (end - committed) // self.grid)
         return self.costs.span_that_fits(self.reader.spans, committed, self.grid, room, spent, budget)
 
-    def _read_pass(self, names: list[str], uses: set[str], span: int = 1) -> tuple[list[ChunkRead], int, int]:
+    def _read_pass(self, names: list[str], uses: frozenset[str], span: int = 1) -> tuple[list[ChunkRead], int, int]:
         """One pass: each session resident for it, one chunk each, or one session's ``span`` chunks
         at most (stopping at a wanted checkpoint line); the cost recorded once."""
         with ExitStack() as held:

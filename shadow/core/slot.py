@@ -18,7 +18,10 @@ from .shadow import Shadow
 SlotState = Literal["off", "empty", "loading", "loaded", "failed"]
 
 
-class Slot:
+class ModelSlot:
+    """Where the service's facade lives: built once, lazily, in an idle window (the states above);
+    ``get`` never loads."""
+
     def __init__(self, load: Callable[[], Shadow] | None, *, model: str = "", wanted: bool = True,
                  shared_with: tuple[str, ...] = (), clock: Callable[[], float] = time.monotonic) -> None:
         self._load = load

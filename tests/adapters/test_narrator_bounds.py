@@ -9,7 +9,7 @@ from pathlib import Path
 from shadow.adapters.narrator import Narrator
 from shadow.adapters.tokens import THINK_END
 from shadow.core.records import TurnTimeline
-from shadow.core.slot import Slot
+from shadow.core.slot import ModelSlot
 from tests.conftest import ids, make_container, make_settings
 
 
@@ -18,7 +18,7 @@ def _thought(n: Narrator, request_id: str, session: str) -> None:
 
 
 def test_requests_that_never_finish_keep_at_most_max_turns_books() -> None:
-    n = Narrator(Slot(None, wanted=False), "Say what the agent just did.", max_turns=8)
+    n = Narrator(ModelSlot(None, wanted=False), "Say what the agent just did.", max_turns=8)
     for i in range(100):  # each one's host went away before finished
         _thought(n, f"r{i}", "s")
     st = n.status()
@@ -29,7 +29,7 @@ def test_requests_that_never_finish_keep_at_most_max_turns_books() -> None:
 
 
 def test_a_forgotten_sessions_thoughts_are_counted_afresh() -> None:
-    n = Narrator(Slot(None, wanted=False), "Say what the agent just did.")
+    n = Narrator(ModelSlot(None, wanted=False), "Say what the agent just did.")
     for i in range(3):
         _thought(n, f"r{i}", "s")
     n.forget("s")

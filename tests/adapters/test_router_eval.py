@@ -14,6 +14,7 @@ import pytest
 from shadow.adapters.transcripts import load_transcript, render_turns
 from shadow.adapters.transcripts.model import message_text
 from shadow.cli import main
+from shadow.core.records import RouterAsk
 from tests.conftest import FakeClock, make_container, make_settings
 
 RAW = "sessions/raw"
@@ -56,7 +57,7 @@ def journal_dir(shared_data: Path, checkpoint: Path, tmp_path_factory: pytest.Te
             rid = f"{name}-{i}"
             svc.arrived(rid)
             svc.started(rid, name, ids=turn.prompt_ids, profile="coding",
-                        router={"question": QUESTION, "choices": CHOICES, "label": label, "fresh": fresh})
+                        router=RouterAsk(QUESTION, CHOICES, label, fresh))
             svc.finished(rid)  # the output comes back in the next turn's prompt
             svc.idle_step()  # reads up to the insertion point and asks
             assert svc.router is not None and svc.router.status().waiting == 0

@@ -17,9 +17,9 @@ import pytest
 from opentelemetry import trace
 
 from shadow.adapters.telemetry import SpanTelemetry, exporters, read_jsonl, telemetry, tracer_provider
+from shadow.core.records import ChunkRead
 from shadow.core.scheduling import NullTelemetry
 from shadow.core.settings import PREFIX, ShadowSettings
-from shadow.core.shadow import ChunkRead
 
 
 def test_trace_none_records_nothing() -> None:

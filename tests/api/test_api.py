@@ -12,9 +12,10 @@ import msgspec
 import pytest
 from litestar.testing import TestClient
 
-from shadow.adapters.status import Status
+from shadow.adapters.records import Status
 from shadow.adapters.tokens import get_tokens
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
+from shadow.api.paths import BASE
 from shadow.core.records import Answer
 from shadow.core.settings import MAX_HOLD_S, ShadowSettings
 from tests.conftest import GRID, FakeClock, Spans, ids, make_container, make_settings

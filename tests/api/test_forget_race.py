@@ -7,13 +7,14 @@ import threading
 from pathlib import Path
 
 from shadow.backends.schedulers.common import backlog_after
+from shadow.core.plan import ReadPlan
 from tests.conftest import GRID, ids, joined, make_container, make_settings, wait_until
 
 
 def test_a_chunks_session_forgotten_after_the_read_has_no_backlog(checkpoint: Path, tmp_path: Path) -> None:
     sh = make_container(make_settings(checkpoint, tmp_path)).shadow()
     sh.feed_prompt("s", ids(3 * GRID))
-    (chunk,) = sh.read("s", max_chunks=1)
+    (chunk,) = sh.read(ReadPlan("s", max_chunks=1))
     sh.forget("s")  # what another thread may do between the read and the look after it
     assert backlog_after(sh, chunk) == 0
 
@@ -53,7 +54,7 @@ def test_a_session_the_facade_forgets_on_its_own_takes_its_profile_along(checkpo
         for name in ("a", "b", "c"):  # c makes three: a, the least recently used, is forgotten
             svc.feed_prompt(name, ids(GRID))
         assert sorted(svc.status().sessions) == ["b", "c"]
-        assert sorted(svc._profile_of) == ["b", "c"]  # nothing per session outlives it
+        assert sorted(svc.turns.bookkeeping()[0]) == ["b", "c"]  # nothing per session outlives it
         store = svc.status().store
         assert store is not None and store.forgotten == 1
     finally:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from shadow.adapters.transcripts import demo_transcript, render_turns
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
 from shadow.api.client import ShadowClient
+from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer
 from tests.conftest import FakeClock, make_container, make_settings, wait_until
 

@@ -16,13 +16,15 @@ import httpx
 import pytest
 import torch
 
-from shadow.adapters.narrator import MAX_CHARS, Narration
+from shadow.adapters.narrator import MAX_CHARS
+from shadow.adapters.records import Narration
 from shadow.adapters.tokens import THINK_END
 from shadow.adapters.transcripts import Turn, load_transcript, render_turns
 from shadow.api.app import KEEP_ALIVE_S, create_app
 from shadow.api.client import ShadowClient
 from shadow.api.server import BackgroundServer
 from shadow.core.errors import ShadowError
+from shadow.core.plan import ReadPlan
 from shadow.proxy.app import create_proxy_app
 from tests.conftest import FakeClock, Spans, joined, make_container, make_settings, wait_until
 
@@ -111,7 +113,7 @@ def test_one_summary_per_thought_within_the_share_and_the_state_untouched(
     assert [s.attributes["shadow.narrator.spent_ms"] for s in marks] == [n.cost_ms for n in got]
     assert [s.attributes["shadow.narrator.budget_ms"] for s in marks] == [n.budget_ms for n in got]
     # the forks left nothing behind: once read, the session is a fresh prefill of its ids
-    shadow.read("s")
+    shadow.read(ReadPlan("s"))
     states_equal(shadow.export_state("s"), shadow.fresh_state(shadow.session_ids("s")))
 
 
@@ -120,7 +122,7 @@ def test_the_fork_leaves_every_state_tensor_as_it_was(checkpoint: Path, tmp_path
     c, svc = loaded(checkpoint, tmp_path, clock, ration=0.0)  # no ration: only the narrator touches it
     shadow = c.shadow()
     svc.feed_prompt("s", turns[0].prompt_ids)
-    shadow.read("s")
+    shadow.read(ReadPlan("s"))
     svc.arrived("r")
     svc.started("r", "s", ids=turns[0].prompt_ids)
     clock.advance(1.0)
@@ -253,7 +255,7 @@ def test_decode_at_a_thoughts_end_is_decoding_a_session_that_ends_there(checkpoi
     prompt = svc.narrator.prompt_ids()
     assert shadow.decode("whole", prompt, MAX_TOKENS, at=at) == shadow.decode("cut", prompt, MAX_TOKENS)
     assert shadow.position("whole").committed == shadow.position("cut").committed  # the tail read stops there
-    shadow.read("whole")
+    shadow.read(ReadPlan("whole"))
     passed = shadow.position("whole").committed - 1
     with pytest.raises(ShadowError, match=f"cannot decode at {passed}"):  # the reader is past it
         shadow.decode("whole", prompt, MAX_TOKENS, at=passed)

@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shadow.adapters.timeline import replay_timeline
 from shadow.adapters.transcripts import demo_transcript, render_turns
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
 from shadow.api.operators import BASE as OPERATORS_BASE
+from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer
 from tests.conftest import FakeClock, make_container, make_settings
 

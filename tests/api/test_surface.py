@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
 from shadow.api.client import ShadowClient, ShadowHTTPError
+from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer, is_loopback
 from shadow.cli import main
 from tests.conftest import GRID, ids, make_container, make_settings, wait_until
@@ -199,3 +200,21 @@ def test_serve_refuses_an_open_address_without_a_token(tmp_path: Path, capsys: p
     assert "0.0.0.0" in err and "QWEN38_SHADOW_TOKEN" in err
     assert [is_loopback(h) for h in ["127.0.0.1", "::1", "[::1]", "localhost", "127.1.2.3"]] == [True] * 5
     assert [is_loopback(h) for h in ["0.0.0.0", "::", "10.0.0.2", "example.com"]] == [False] * 4
+
+
+def test_the_client_sends_the_routers_question_typed(served) -> None:
+    """``RouterAsk`` goes over the wire as the body's ``router`` and is checked there like the rest."""
+    from shadow.core.records import RouterAsk
+
+    server, _ = served
+    with ShadowClient(server.url) as host:
+        host.arrived("routed")
+        ask = RouterAsk("Which class?", ["A", "B"], "A", True)
+        turn, fed = host.started("routed", "routed", ids=ids(40), router=ask)
+        assert turn.session == "routed" and fed.followed
+        host.finished("routed")
+        host.arrived("routed-bad")
+        with pytest.raises(ShadowHTTPError, match=r"router\.choices") as bad:
+            host.started("routed-bad", "routed", ids=ids(40), router=RouterAsk([1, 2], []))
+        assert bad.value.status_code == 400
+        host.finished("routed-bad")  # a refused start changed nothing: the request is still there to end

@@ -12,6 +12,7 @@ from dependency_injector import providers
 from shadow import ShadowSettings
 from shadow.backends.stores import DiskStore
 from shadow.container import build_container
+from shadow.core.plan import ReadPlan
 from tests.conftest import FakeClock
 
 VOCAB = 248320
@@ -40,7 +41,7 @@ def assert_exact(sh, name: str) -> None:
     """Restore (a parked file refused on opening is found here, not after the read), read what is
     pending, then every tensor must equal a fresh prefill of the session's ids."""
     sh.restore(name)
-    sh.read(name)
+    sh.read(ReadPlan(name))
     got, want = sh.export_state(name), sh.fresh_state(sh.session_ids(name))
     assert got.keys() == want.keys()
     for k in want:

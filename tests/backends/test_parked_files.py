@@ -22,7 +22,7 @@ from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 from shadow.backends.stores.disk import REFUSED_KEPT
 from shadow.backends.stores.parked import checksum as _checksum
 from shadow.backends.stores.parked import write
-from shadow.core.slot import Slot
+from shadow.core.slot import ModelSlot
 
 from .parking import T0, assert_exact, ids_for, make
 
@@ -255,7 +255,7 @@ def test_a_deeply_nested_book_is_refused_and_the_slot_loads(ckpt, tmp_path):
     sh.park("s")
     sh.close()
     _rewrite(file, {}, {"book": DEEP_BOOK})
-    slot = Slot(lambda: make(ckpt, disk), model=str(ckpt))  # what a new process's service loads
+    slot = ModelSlot(lambda: make(ckpt, disk), model=str(ckpt))  # what a new process's service loads
     again = slot.load()
     assert slot.state == "loaded" and again is not None, slot.error
     assert again.sessions() == ["t"] and not file.exists()

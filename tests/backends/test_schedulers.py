@@ -18,10 +18,11 @@ from dependency_injector import providers
 
 from shadow.adapters.service import ShadowUnavailable
 from shadow.adapters.telemetry import SpanTelemetry
-from shadow.backends.schedulers import RationedScheduler
+from shadow.backends.schedulers import IdleScheduler, RationedScheduler
 from shadow.core.host import HostActivity, RankedLock
+from shadow.core.plan import ReadPlan
+from shadow.core.records import ChunkRead
 from shadow.core.scheduling import Window
-from shadow.core.shadow import ChunkRead
 from tests.conftest import CHUNK_S, GRID, FakeClock, Spans, ids, joined, make_container, make_settings, wait_until
 
 
@@ -443,6 +444,37 @@ def test_a_device_wide_slice_gathers_chunks_then_reads_them_in_one_pass_or_reads
     clock.advance(0.01)  # the longest wait, from the round that first found it pending
     assert svc.round_ended("r1", [5]).chunks == 1
     assert {n: svc.status().sessions[n].committed for n in "abcd"} == dict.fromkeys("abcd", GRID)
+
+
+def test_each_scheduler_decides_its_plan_without_reading():
+    """Schedule -> read -> account: a scheduler's decision is its plan, a value a test compares with
+    no facade at all (no slot here: nothing can be read)."""
+    activity = HostActivity()
+    for rid in ("r1", "r2"):
+        activity.record_arrived(rid)
+    activity.record_started("r1", "s", 3 * GRID)
+    turn = activity.turn("r1")
+    device = RationedScheduler(None, activity)  # type: ignore[arg-type]
+    assert device.plan(turn, 0.05) == ReadPlan(favoured=("s",), budget_s=0.05, whole=True)
+    per_turn = RationedScheduler(None, activity, scope="turn", thread=True)  # type: ignore[arg-type]
+    assert per_turn.plan(turn, 0.01) == ReadPlan("s", budget_s=0.01, yields=True)
+    activity.record_started("r2", "t", GRID)  # two turns run, more than output_turns: below the settled ends
+    both = device.plan(turn, 0.05)
+    assert sorted(both.favoured) == ["s", "t"] and both.settled and both.whole and not both.yields
+    assert per_turn.plan(turn, 0.01) == ReadPlan("s", budget_s=0.01, yields=True, settled=True)
+    idle = IdleScheduler(None, activity, window_s=0.3)  # type: ignore[arg-type]
+    assert idle.plan() == ReadPlan(budget_s=0.3, first_pass_free=True, yields=True)
+
+
+def test_a_plan_reads_one_session_or_favours_some_never_both():
+    assert ReadPlan(favoured=["a", "b"]) == ReadPlan(favoured=("a", "b"))  # a value, whatever sequence it came as
+    assert ReadPlan("a").uses == {"a"} and ReadPlan(favoured=["a", "b"]).uses == {"a", "b"} and not ReadPlan().uses
+    with pytest.raises(ValueError, match="not both"):
+        ReadPlan("a", favoured=["b"])
+    with pytest.raises(TypeError, match="sequence of session names"):
+        ReadPlan(favoured="ab")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_chunks"):
+        ReadPlan(max_chunks=-1)
 
 
 def test_gathering_is_refused_where_it_cannot_mean_anything():

@@ -23,6 +23,7 @@ from safetensors.torch import save_file
 
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 from shadow.core.errors import StoreError
+from shadow.core.plan import ReadPlan
 from tests.conftest import FakeClock
 
 from .parking import T0, assert_exact, ids_for, make
@@ -238,7 +239,7 @@ def test_without_a_disk_evicted_sessions_are_dropped_and_read_again(ckpt):
         sh.read()
     assert sh.status().sessions["a"].where == "dropped"
     assert sh.position("a").committed == 0 and sh.position("a").reread == 192
-    sh.read("a")
+    sh.read(ReadPlan("a"))
     assert_exact(sh, "a")
 
 
@@ -247,7 +248,7 @@ def test_ttl_and_disk_cap(ckpt, tmp_path):
     sh = make(ckpt, tmp_path / "d", clock=clock)
     for i, name in enumerate(["old", "mid", "new"]):
         sh.feed_prompt(name, ids_for(i, 100))
-        sh.read(name)
+        sh.read(ReadPlan(name))
         sh.park(name)
         if name == "old":  # a cap of two and a half files of this size
             sh.disk.max_bytes = int(2.5 * sh.disk.info("old").bytes)
@@ -317,6 +318,7 @@ sys.path.insert(0, REPO)
 from pathlib import Path
 import torch
 from tests.backends.parking import make, ids_for, assert_exact
+from shadow.core.plan import ReadPlan
 
 ckpt, root, trials = Path(CKPT), Path(ROOT), TRIALS
 rng = random.Random(7)
@@ -335,7 +337,7 @@ for trial in range(trials):
             while True:
                 for name in "abc":
                     sh.feed_output(name, [trial % 1000 + 1])
-                    sh.read(name)
+                    sh.read(ReadPlan(name))
                     sh.park(name)
                     if first:  # parking has begun: from here on the kill may land anywhere
                         os.write(ready_w, b"1")
@@ -358,7 +360,7 @@ for trial in range(trials):
                 # (a session whose file was refused or never written is simply absent: read again by the host)
                 ids = list(sh.session_ids(name))
                 assert ids[: 150 + 40 * "abc".index(name)] == ids_for("abc".index(name), 150 + 40 * "abc".index(name))
-                sh.read(name)
+                sh.read(ReadPlan(name))
                 assert_exact(sh, name)
             code = (10 + len(parked)) if not sh.disk.refused else 3
         finally:

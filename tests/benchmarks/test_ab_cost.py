@@ -14,7 +14,7 @@ import torch
 from benchmarks.ab_cost import Run, build_service, load_sessions, main, pct_changes, spread, summarise, trace_cost
 from benchmarks.ab_engine import TurnTiming, build_main, serve_turn
 from shadow.adapters.telemetry import SpanTelemetry, span_record
-from shadow.core.shadow import ChunkRead
+from shadow.core.records import ChunkRead
 
 SESSION = "mini-swe-agent-gemini3-swebench/django__django-16527.traj.json"  # 1.4k-id first prompts
 CPU = torch.device("cpu")

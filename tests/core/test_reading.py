@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from shadow.core.costs import ChunkCosts, fits, pass_plan
 from shadow.core.host import HostActivity
+from shadow.core.plan import ReadPlan
 from shadow.core.session import GENERATION_TAIL, SessionBook
 from shadow.core.shadow import Shadow
 from tests.conftest import FakeClock, wait_until
@@ -94,7 +95,7 @@ def test_a_read_takes_passes_of_up_to_max_batch_in_flight_nearest_to_fresh_first
     reader = CostedReader(max_batch=2)
     sh = facade(reader, clock)
     fed(sh, clock, {"old": 1, "flight-small": 1, "recent": 1, "flight-big": 3})
-    got = sh.read(first=["flight-small", "flight-big"])
+    got = sh.read(ReadPlan(favoured=["flight-small", "flight-big"]))
     sessions = [c.session for c in got]
     assert sessions == ["flight-small", "flight-big",  # the turns in flight, the one nearest to fresh first
                         "flight-big", "recent",  # then the rest, the most recently used first
@@ -115,12 +116,12 @@ def test_a_settled_read_stops_at_each_sessions_latest_prompt_line() -> None:
         sh.feed_output(name, list(range(chunks * GRID - GENERATION_TAIL)))  # Qwen's output: as many more chunks
     assert sh.backlog("a") == 6 * GRID and sh.backlog("a", settled=True) == 3 * GRID
     assert sorted(sh.ready()) == sorted(sh.ready(settled=True)) == ["a", "b"]
-    got = sh.read(first=["a"], settled=True)
+    got = sh.read(ReadPlan(favoured=["a"], settled=True))
     assert sorted((c.session, c.first_row) for c in got) == [("a", 0), ("a", GRID), ("a", 2 * GRID), ("b", 0)]
     assert sh.ready(settled=True) == [] and sh.lowest_ready_depth(settled=True) is None
     assert sorted(sh.ready()) == ["a", "b"] and sh.lowest_ready_depth() == GRID  # the output, for the idle window
-    assert sh.read("a", settled=True) == []
-    assert [c.first_row for c in sh.read("a")] == [3 * GRID, 4 * GRID, 5 * GRID]
+    assert sh.read(ReadPlan("a", settled=True)) == []
+    assert [c.first_row for c in sh.read(ReadPlan("a"))] == [3 * GRID, 4 * GRID, 5 * GRID]
 
 
 def test_a_chunk_carries_its_share_of_the_pass_and_the_pass_cost_is_kept_once_by_batch_and_depth() -> None:
@@ -129,7 +130,7 @@ def test_a_chunk_carries_its_share_of_the_pass_and_the_pass_cost_is_kept_once_by
     sh = facade(reader, clock)
     assert sh.costs.estimate([0]) is None  # nothing measured: the first pass starts on any budget
     fed(sh, clock, {"a": 2, "b": 2, "c": 2})
-    first = sh.read(max_chunks=3)
+    first = sh.read(ReadPlan(max_chunks=3))
     assert [c.batch for c in first] == [3, 3, 3]
     assert sum(c.cost_s for c in first) == pytest.approx(3 * 0.004 * 0.5)
     assert all(c.cost_s == pytest.approx(0.002) for c in first)
@@ -137,7 +138,7 @@ def test_a_chunk_carries_its_share_of_the_pass_and_the_pass_cost_is_kept_once_by
     assert sh.costs.per_chunk(3, 0) == pytest.approx(0.002)
     # a batch size never measured is estimated at one session's cost each, once that is known
     assert sh.costs.estimate([0, 0]) == pytest.approx(0.004)
-    sh.read("a")  # a use of one session: a pass of one, recorded as such
+    sh.read(ReadPlan("a"))  # a use of one session: a pass of one, recorded as such
     assert sh.costs.per_chunk(1, GRID) == pytest.approx(0.004)
     assert sh.costs.estimate([0, 0]) == pytest.approx(0.008)
 
@@ -147,12 +148,12 @@ def test_a_pass_shrinks_until_its_estimate_fits_what_is_left_of_the_budget() -> 
     reader = CostedReader(max_batch=4, base=0.010, per_row=0.0, share=1.0)
     sh = facade(reader, clock)
     fed(sh, clock, {"a": 3, "b": 3, "c": 3, "d": 3})
-    sh.read(max_chunks=4)  # measured: 10 ms a session at batch 4
-    got = sh.read(budget_s=0.025, first=["a", "b", "c", "d"])
+    sh.read(ReadPlan(max_chunks=4))  # measured: 10 ms a session at batch 4
+    got = sh.read(ReadPlan(budget_s=0.025, favoured=["a", "b", "c", "d"]))
     # 40 ms for four does not fit 25, nor 30 for three (never measured: 10 each); two fit, then none
     assert [c.batch for c in got] == [2, 2]
     assert sum(c.cost_s for c in got) <= 0.025
-    assert sh.read(budget_s=0.005) == []  # not even one chunk fits
+    assert sh.read(ReadPlan(budget_s=0.005)) == []  # not even one chunk fits
     assert fits(0.0, None, 0.001) and not fits(0.001, None, 1.0) and not fits(0.0, 0.0, 0.0)
 
 
@@ -161,15 +162,15 @@ def test_a_whole_read_takes_the_lines_whole_head_or_waits_for_the_budget_to_cove
     reader = CostedReader(max_batch=4, base=0.010, per_row=0.0, share=0.5)
     sh = facade(reader, clock)
     fed(sh, clock, {"a": 2, "b": 2, "c": 2, "d": 2})
-    sh.read(max_chunks=4)  # measured: 5 ms a session at batch 4
+    sh.read(ReadPlan(max_chunks=4))  # measured: 5 ms a session at batch 4
     # 20 ms for the four: a 15 ms budget reads nothing whole (a pass of two would have fitted)
-    assert sh.read(budget_s=0.015, first=["a", "b", "c", "d"], whole=True) == []
+    assert sh.read(ReadPlan(budget_s=0.015, favoured=["a", "b", "c", "d"], whole=True)) == []
     assert reader.passes[-1] == reader.passes[0]
-    got = sh.read(budget_s=0.020, first=["a", "b", "c", "d"], whole=True)
+    got = sh.read(ReadPlan(budget_s=0.020, favoured=["a", "b", "c", "d"], whole=True))
     assert [c.batch for c in got] == [4, 4, 4, 4] and len(reader.passes) == 2
     # a line shorter than max_batch is the whole head: one session ready reads alone
     sh.feed_output("a", [1] * GRID)
-    assert [c.batch for c in sh.read(budget_s=0.050, whole=True)] == [1]
+    assert [c.batch for c in sh.read(ReadPlan(budget_s=0.050, whole=True))] == [1]
 
 
 def test_the_first_pass_may_be_free_and_stop_is_asked_before_every_pass() -> None:
@@ -177,11 +178,11 @@ def test_the_first_pass_may_be_free_and_stop_is_asked_before_every_pass() -> Non
     reader = CostedReader(max_batch=1, base=0.010)
     sh = facade(reader, clock)
     fed(sh, clock, {"a": 5})
-    sh.read("a", max_chunks=1)
-    assert sh.read(budget_s=0.001) == []
-    assert len(sh.read(budget_s=0.001, first_pass_free=True)) == 1  # (the idle window's first pass)
+    sh.read(ReadPlan("a", max_chunks=1))
+    assert sh.read(ReadPlan(budget_s=0.001)) == []
+    assert len(sh.read(ReadPlan(budget_s=0.001, first_pass_free=True))) == 1  # (the idle window's first pass)
     passes: list[int] = []
-    got = sh.read(stop=lambda: len(passes) >= 2, on_pass=lambda chunks, est, t0, t1: passes.append(len(chunks)))
+    got = sh.read(on_pass=lambda chunks, est, t0, t1: passes.append(len(chunks)), stop=lambda: len(passes) >= 2)
     assert len(got) == 2 and passes == [1, 1]
     assert sh.backlog("a") == GRID
 
@@ -261,7 +262,7 @@ def test_a_pass_of_one_session_reads_its_chunks_in_the_largest_span_that_fits() 
     sh = facade(reader, clock)
     clock.advance(1.0)
     sh.feed_prompt("long", [7] * (11 * GRID + 5))  # 11 chunks; a checkpoint is wanted at 11 * GRID
-    got = sh.read("long")
+    got = sh.read(ReadPlan("long"))
     assert [len(p) for p in reader.passes] == [4, 4, 2, 1]  # 4 + 4 + 2 stop at 10; one more to 11
     assert [c.first_row for c in got] == [i * GRID for i in range(11)]
     assert [c.span for c in got] == [4] * 8 + [2] * 2 + [1] and all(c.batch == 1 for c in got)
@@ -269,13 +270,13 @@ def test_a_pass_of_one_session_reads_its_chunks_in_the_largest_span_that_fits() 
     assert sh.position("long").checkpoints == (11 * GRID,)
 
     sh.feed_output("long", [8] * (6 * GRID))  # 6 more: spans fit the budget, then max_chunks
-    assert [c.span for c in sh.read(budget_s=0.005)] == [2, 2]  # 8 ms for 4 does not fit, 4 for 2 does
-    assert [c.span for c in sh.read(max_chunks=3)] == [2, 2, 1]
-    assert [c.span for c in sh.read("long")] == [1]  # the last one: no span of 1
+    assert [c.span for c in sh.read(ReadPlan(budget_s=0.005))] == [2, 2]  # 8 ms for 4 does not fit, 4 for 2 does
+    assert [c.span for c in sh.read(ReadPlan(max_chunks=3))] == [2, 2, 1]
+    assert [c.span for c in sh.read(ReadPlan("long"))] == [1]  # the last one: no span of 1
     # a checkpoint line inside: the span stops there
     sh.feed_prompt("cut", [9] * (3 * GRID + GENERATION_TAIL))  # wanted at 3 * GRID
     sh.feed_output("cut", [9] * (4 * GRID - GENERATION_TAIL))
-    sh.read("cut")
+    sh.read(ReadPlan("cut"))
     assert [len(p) for p in reader.passes[-3:]] == [2, 1, 4]
 
     fed(sh, clock, {"a": 2, "b": 2})  # two sessions behind: batches of one chunk each
@@ -306,7 +307,7 @@ def test_a_read_that_yields_stops_after_the_pass_in_flight_once_another_caller_w
     sh = facade(reader, clock)
     fed(sh, clock, {"a": 2, "b": 2, "c": 2})
     got: list[list[Any]] = []
-    background = threading.Thread(target=lambda: got.append(sh.read(yields=yields)))
+    background = threading.Thread(target=lambda: got.append(sh.read(ReadPlan(yields=yields))))
     background.start()
     assert reader.began.wait(10.0)
     seen: list[dict[str, int]] = []

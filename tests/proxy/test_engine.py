@@ -20,7 +20,7 @@ import transformers
 from shadow.adapters.chat import render
 from shadow.adapters.tokens import get_tokens
 from shadow.adapters.transcripts import load_transcript
-from shadow.api.app import BASE
+from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer
 from shadow.proxy import create_proxy_app
 from tests.conftest import make_container, make_settings, wait_until

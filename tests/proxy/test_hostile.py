@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from shadow.adapters.transcripts import render_turns
-from shadow.api.app import BASE
+from shadow.api.paths import BASE
 from tests.proxy.conftest import REASONING, chat_body, exact, session_of, stream_chat
 from tests.proxy.upstream import INJECT_AT, sse_chunks
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from shadow.core.errors import UnknownSession
-from shadow.core.shadow import ChunkRead, Shadow
+from shadow.core.records import ChunkRead
+from shadow.core.shadow import Shadow
 
 
 def backlog_of(shadow: Shadow, session: str, settled: bool = False) -> int:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import time
 
 from shadow.core.host import IDLE_RANK, HostActivity, TurnTimeline
+from shadow.core.plan import ReadPlan
 from shadow.core.protocols import Questioner
+from shadow.core.records import ChunkRead
 from shadow.core.scheduling import IDLE_WINDOW_S, Clock, NullTelemetry, Telemetry, Window
-from shadow.core.shadow import ChunkRead, Shadow
-from shadow.core.slot import Slot
+from shadow.core.shadow import Shadow
+from shadow.core.slot import ModelSlot
 
 from .common import backlog_after
 
@@ -32,7 +34,7 @@ from .common import backlog_after
 class IdleScheduler:
     window: Window = "idle"
 
-    def __init__(self, slot: Slot, activity: HostActivity, telemetry: Telemetry | None = None,
+    def __init__(self, slot: ModelSlot, activity: HostActivity, telemetry: Telemetry | None = None,
                  clock: Clock = time.monotonic, window_s: float = IDLE_WINDOW_S, lock_wait_s: float = 0.2,
                  questions: Questioner | None = None) -> None:
         self.slot = slot
@@ -70,7 +72,7 @@ class IdleScheduler:
             try:
                 if self.activity.busy():
                     return []
-                chunks = self._read(shadow)
+                chunks = self._read(shadow, self.plan())
                 if self.questions is not None and not self.activity.busy():
                     self.questions.answer(shadow, self.activity.busy)
                 return chunks
@@ -79,7 +81,14 @@ class IdleScheduler:
         finally:
             box.release()
 
-    def _read(self, shadow: Shadow) -> list[ChunkRead]:
+    def plan(self) -> ReadPlan:
+        """The window's read: every ready session, most recently used first, within ``window_s``.
+        Its first pass always starts (on a slow box a pass may take longer than the window); it
+        steps aside for any call that waits for the facade (a question, a status look): they wait
+        for the pass in flight, not the window."""
+        return ReadPlan(budget_s=self.window_s, first_pass_free=True, yields=True)
+
+    def _read(self, shadow: Shadow, plan: ReadPlan) -> list[ChunkRead]:
         def on_pass(chunks: list[ChunkRead], estimate: float | None, t0: int, t1: int) -> None:
             for chunk in chunks:
                 self.telemetry.chunk("idle", chunk, backlog_after(shadow, chunk), t0, t1,
@@ -87,11 +96,7 @@ class IdleScheduler:
 
         with self.telemetry.span("shadow.window", {"shadow.window": "idle",
                                                    "shadow.window.budget_ms": self.window_s * 1e3}) as span:
-            # (a window's first pass always starts: on a slow box a pass may take longer than the window)
-            # it steps aside for a request and for any call that waits for the facade (a question,
-            # a status look): they wait for the pass in flight, not the window
-            done = shadow.read(budget_s=self.window_s, stop=self.activity.busy, on_pass=on_pass,
-                               first_pass_free=True, yields=True)
+            done = shadow.read(plan, on_pass, stop=self.activity.busy)  # a request stops it too
             if self.activity.busy():
                 span.set("shadow.window.stopped_for", "request")
             span.set("shadow.window.spent_ms", sum(c.cost_s for c in done) * 1e3)

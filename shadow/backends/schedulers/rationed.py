@@ -5,7 +5,7 @@
 - ``device`` (the default): one budget for the device. It earns ``share`` of the time during which
   any followed request decodes (``HostActivity.decoding_s``), whatever the number of requests in
   flight, and carries at most one slice unspent. A slice reads the sessions of the turns in flight
-  (the one nearest to fresh first: ``Shadow.read`` says why), then the most recently used
+  (the one nearest to fresh first, the facade's order: ``shadow.core.shadow`` says why), then the most recently used
   sessions, in batches; one slice runs at a time on the device (a round that finds one running
   reads nothing).
 - ``turn``: the first design, one budget per turn: ``share`` of the time since the turn's first
@@ -23,7 +23,7 @@ waits for the longer slices.
 With ``thread``, a slice is decided on the round's thread and read on the ration's own thread, so
 the engine's round returns at once; while it reads, rounds stay quiet (``may_read`` says no), and
 it stops after the pass in flight when a request waits (``arrived``, not started) or any call waits
-for the facade (``Shadow.read``'s ``yields``). The turn is
+for the facade (the plan's ``yields``, ``ReadPlan``). The turn is
 charged when the slice ends, if it still runs.
 
 With more than ``output_turns`` requests running (``RATION_OUTPUT_TURNS``, 1), a slice reads each
@@ -52,10 +52,11 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from shadow.core.host import HostActivity, TurnTimeline, UnknownRequest
+from shadow.core.plan import ReadPlan
 from shadow.core.records import ChunkRead
 from shadow.core.scheduling import DEVICE_SHARE, SLICE_S, Clock, NullTelemetry, Telemetry, Window, fits, ration_budget
 from shadow.core.shadow import Shadow
-from shadow.core.slot import Slot
+from shadow.core.slot import ModelSlot
 
 from .common import backlog_after, backlog_of, chunk_estimate, depth_of
 
@@ -65,7 +66,7 @@ Scope = Literal["device", "turn"]
 class RationedScheduler:
     window: Window = "ration"
 
-    def __init__(self, slot: Slot, activity: HostActivity, telemetry: Telemetry | None = None,
+    def __init__(self, slot: ModelSlot, activity: HostActivity, telemetry: Telemetry | None = None,
                  clock: Clock = time.monotonic, share: float = DEVICE_SHARE, slice_s: float = SLICE_S,
                  sync: Callable[[], None] | None = None, scope: Scope = "device", gather: int = 1,
                  gather_s: float = 0.0, thread: bool = False, output_turns: int = 1) -> None:
@@ -170,8 +171,9 @@ class RationedScheduler:
                  "shadow.ration.since_first_token_ms": (self.clock() - (turn.first_token_s or 0.0)) * 1e3,
                  "shadow.ration.turn_spent_before_ms": turn.spent_s * 1e3}
         with self.telemetry.span("shadow.ration", attrs) as span:
-            chunks = self._read(shadow, turn, budget)
-            spent = self._charge(turn, chunks, budget)
+            plan = self.plan(turn, budget)  # schedule
+            chunks = self._read(shadow, turn, plan)  # read
+            spent = self._charge(turn, chunks, budget)  # account
             span.set("shadow.ration.spent_ms", spent * 1e3)
             span.set("shadow.ration.chunks", len(chunks))
         return chunks
@@ -236,7 +238,7 @@ class RationedScheduler:
             return True
         return False
 
-    def _read(self, shadow: Shadow, turn: TurnTimeline, budget: float) -> list[ChunkRead]:
+    def _read(self, shadow: Shadow, turn: TurnTimeline, plan: ReadPlan) -> list[ChunkRead]:
         def on_pass(chunks: list[ChunkRead], estimate: float | None, t0: int, t1: int) -> None:
             for chunk in chunks:
                 end = chunk.first_row + chunk.rows
@@ -247,17 +249,23 @@ class RationedScheduler:
                                          "shadow.chunk.estimate_ms": -1.0 if estimate is None else estimate * 1e3}
                 self.telemetry.chunk("ration", chunk, backlog_after(shadow, chunk), t0, t1, attrs)
 
-        if self.scope == "turn":
-            return shadow.read(turn.session, budget_s=budget, on_pass=on_pass, yields=self.thread,
-                               settled=self._settled())
-        # whole passes: with many sessions ready the share buys more ids in batches than read alone
         # on its own thread a slice holds the facade between the host's calls: it stops after the pass
-        # in flight when a request waits (arrived, not started), as the idle window does, or when
-        # any call waits for the facade (a request started without being announced, a round with
-        # ids to feed, ``finished``, a question)
-        stop = (lambda: self.activity.waiting() > 0) if self.thread else None
-        return shadow.read(first=self.activity.sessions_in_flight(), budget_s=budget, on_pass=on_pass, whole=True,
-                           stop=stop, yields=self.thread, settled=self._settled())
+        # in flight when a request waits (arrived, not started), as the idle window does
+        stop = (lambda: self.activity.waiting() > 0) if self.thread and self.scope == "device" else None
+        return shadow.read(plan, on_pass, stop=stop)
+
+    def plan(self, turn: TurnTimeline, budget: float) -> ReadPlan:
+        """A slice's read, decided at ``turn``'s round with ``budget``. Per turn: that turn's session
+        alone. Device-wide: the turns in flight first, then the rest, in whole passes (with many
+        sessions ready the share buys more ids in batches than read alone). On the ration's own
+        thread it yields to any call that waits for the facade (a request started without being
+        announced, a round with ids to feed, ``finished``, a question). With more than
+        ``output_turns`` turns running, only below each session's settled end."""
+        settled = self._settled()
+        if self.scope == "turn":
+            return ReadPlan(turn.session, budget_s=budget, yields=self.thread, settled=settled)
+        return ReadPlan(favoured=tuple(self.activity.sessions_in_flight()), budget_s=budget, whole=True,
+                        yields=self.thread, settled=settled)
 
     def _settled(self) -> bool:
         """Whether a slice reads only below each session's settled end: more than ``output_turns`` run."""
