@@ -4,7 +4,8 @@ Each is served at the root and under ``/v1/conductor/shadow``: the proxy passes 
 the shadow (every other path is the engine's, whose own ``/metrics`` and ``/health`` stay its own).
 
 - ``GET /metrics``: the container's registry in Prometheus' text format (``shadow.adapters.metrics``).
-- ``GET /health``: 200 while the process answers.
+- ``GET /health``: 200 while the process answers; 503 with the reason once the model failed to load
+  (``shadow serve`` exits 1 then, unless ``--stay-up``).
 - ``GET /ready``: 503 with the reason until the model is loaded and warmed (the first chunk a
   request waits on is not a cold one), then 200.
 - ``GET /`` (the page) and ``GET .../live`` (its sessions, as an HTML fragment the page fetches):
@@ -38,12 +39,18 @@ BASE = "/v1/conductor/shadow"  # the API's (shadow.api.app.BASE)
 OPERATOR = ("/metrics", "/health", "/ready")
 OPERATOR_PATHS = frozenset(OPERATOR) | frozenset(BASE + p for p in OPERATOR)
 PAGE_PATHS = frozenset({"/", BASE, BASE + "/"})
+ASSETS = {"page.js": "text/javascript", "page.css": "text/css"}  # the page's own script and style (CSP: 'self')
+ASSET_PATHS = frozenset(f"{BASE}/{name}" for name in ASSETS)
+LOGIN_PATH = BASE + "/token"  # the page's form: POST token=...&next=/ -> 303 with Set-Cookie (``guard.py``)
 TOKEN_COOKIE = "shadow_token"
+COOKIE_PATH = "/v1/conductor"  # the page's reads: the shadow's paths and the proxy's status
+PAGE_READS = frozenset({BASE + "/live", BASE + "/narration", BASE + "/status", "/v1/conductor/proxy/status"})
 TEMPLATES = Path(__file__).parent / "templates"
 
 
 class Health(Struct):
-    status: str
+    status: str  # ok, or failed: the model failed to load (``shadow serve --stay-up`` kept the process up)
+    reason: str = ""
 
 
 class Readiness(Struct):
@@ -106,9 +113,14 @@ class OperatorController(Controller):
         # off the loop: the gauges wait for the facade's lock, which a chunk being read holds
         return Response(await anyio.to_thread.run_sync(metrics.exposition), media_type=CONTENT_TYPE)
 
-    @get(_pairs("/health"), summary="The process answers")
-    async def health(self) -> Health:
-        return Health("ok")
+    @get(_pairs("/health"), summary="200 while the process answers; 503 once the model failed to load",
+         responses={503: ResponseSpec(Health, description="The model failed to load: the reason",
+                                      generate_examples=False)})
+    async def health(self, service: ShadowService) -> Response[Health]:
+        # a failed load is not fixed by waiting: a liveness probe that restarts the process retries it
+        if service.slot.state == "failed":
+            return Response(Health("failed", f"the model failed to load: {service.slot.error}"), status_code=503)
+        return Response(Health("ok"), status_code=200)
 
     @get(_pairs("/ready"), summary="200 once the model is loaded and warmed; 503 with the reason before",
          responses={503: ResponseSpec(Readiness, description="Not ready: the reason", generate_examples=False)})

@@ -115,6 +115,15 @@ class TorchReader:
         sizes its warm-up check let through (``batches``: "ok", or why a size is not used)."""
         return self.fast.report() if self.fast is not None else None
 
+    def runs_on(self) -> tuple[str, str]:
+        """(the device resolved, the chunk attention kernel): ``("cuda:0", "ws")``; ``"torch"`` for the
+        torch forward (fast path off). What the status page and the load's log line show."""
+        if self.fast is None:
+            return str(self.model.device), "torch"
+        from .qwen35.attention_kernel import kernel_in_use
+
+        return str(self.model.device), kernel_in_use()
+
     def batch_sizes(self) -> dict[int, str]:
         """The fast path's batch sizes and their warm-up check ("ok", "unchecked", or why a size is
         refused); the torch forward, which reads a pass's sessions one after the other, needs no check."""
