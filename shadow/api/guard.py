@@ -29,20 +29,19 @@ from __future__ import annotations
 
 import hmac
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
 from shadow.core.settings import ShadowSettings
 
-from .operators import ASSET_PATHS, BASE, COOKIE_PATH, LOGIN_PATH, OPERATOR_PATHS, PAGE_PATHS, PAGE_READS, TOKEN_COOKIE
+from .operators import ASSET_PATHS, BASE, LOGIN_PATH, OPERATOR_PATHS, PAGE_PATHS, PAGE_READS, TOKEN_COOKIE
 from .responses import Problem
 from .server import is_loopback
 
 BODY_METHODS = {b"POST", b"PUT", b"PATCH"}
 TOKEN_HEADER = b"x-shadow-token"
 PROXY_OWN = (BASE, "/v1/conductor/proxy", "/schema")  # the proxy's own paths: never forwarded to the engine
-MAX_FORM = 4096
 CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        b"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
@@ -113,8 +112,11 @@ class Guard:
             return False
         ctype = headers.get(b"content-type", b"").split(b";", 1)[0].strip().lower()
         origin = headers.get(b"origin")
-        same = origin is None or urlsplit(origin.decode("latin-1")).netloc.lower() == \
-            headers.get(b"host", b"").decode("latin-1").lower()
+        # the page's own post: under its Referrer-Policy no-referrer a browser sends ``Origin: null``,
+        # and says where the request comes from in ``Sec-Fetch-Site``
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        same = (origin is None or headers.get(b"sec-fetch-site") == b"same-origin"
+                or urlsplit(origin.decode("latin-1")).netloc.lower() == host)
         return ctype == b"application/x-www-form-urlencoded" and same
 
     def refusal(self, scope: Any) -> tuple[int, str] | None:
@@ -124,7 +126,7 @@ class Guard:
             return 400, (f"Host {host!r} is not one this service answers to ({', '.join(sorted(self.hosts))}; "
                          "QWEN38_SHADOW_ALLOWED_HOSTS adds names)")
         if self._login(scope, headers):
-            return None  # the form holds the token, checked by the one who answers it (``login``)
+            return None  # the form holds the token, checked by its route (``operators.login``)
         if self.token and not self._exempt(scope) and (refused := self._token(headers, scope)) is not None:
             return 401, refused
         origin = headers.get(b"origin")
@@ -166,36 +168,7 @@ class Guard:
         if (refused := self.refusal(scope)) is not None:
             await problem(send, *refused)
             return
-        if self._login(scope, _headers(scope)):
-            await self.login(scope, receive, send)
-            return
         await self.app(scope, receive, _secured(send, csp=not scope.get("path", "").startswith("/schema")))
-
-    async def login(self, scope: Any, receive: Any, send: Any) -> None:
-        """The page's form: a right token gets the cookie (HttpOnly: no script reads it; SameSite=Strict:
-        no other site's request carries it) and a 303 back to the page; a wrong one a 303 that says so."""
-        body = bytearray()
-        while True:
-            message = await receive()
-            body.extend(message.get("body", b""))
-            if len(body) > MAX_FORM:
-                await problem(send, 413, f"the token form is larger than {MAX_FORM} bytes")
-                return
-            if not message.get("more_body"):
-                break
-        form = parse_qs(body.decode("latin-1"))
-        given = form.get("token", [""])[0].strip().encode("latin-1", "replace")
-        back = form.get("next", [BASE])[0]
-        back = back if back in PAGE_PATHS else BASE  # never a redirect elsewhere
-        headers = [(b"location", back.encode()), (b"content-length", b"0"), (b"cache-control", b"no-store")]
-        if self.token and hmac.compare_digest(given, self.token):
-            secure = b"; Secure" if scope.get("scheme") == "https" else b""
-            headers.append((b"set-cookie", f"{TOKEN_COOKIE}={quote(given.decode('latin-1'), safe='')}; "
-                                           f"Path={COOKIE_PATH}; HttpOnly; SameSite=Strict".encode() + secure))
-        else:
-            headers[0] = (b"location", (back + "?token=wrong").encode())
-        await _secured(send, csp=True)({"type": "http.response.start", "status": 303, "headers": headers})
-        await send({"type": "http.response.body", "body": b""})
 
 
 def _secured(send: Any, csp: bool) -> Any:
