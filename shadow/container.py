@@ -140,9 +140,16 @@ def _telemetry(provider: TracerProvider | None, settings: ShadowSettings, metric
 
 
 def _metrics(settings: ShadowSettings) -> Metrics:
+    from importlib.metadata import PackageNotFoundError, version
+
     from shadow.adapters.metrics import Metrics
 
-    return Metrics(settings.grid, int(settings.gb * 2**30))
+    try:
+        release = version("shadow")  # pyproject's, as installed
+    except PackageNotFoundError:
+        release = "unknown"
+    info = {"model": settings.model, "dtype": settings.dtype, "device": settings.device, "version": release}
+    return Metrics(settings.grid, int(settings.gb * 2**30), info)
 
 
 def _loading(shadow: Callable[[], Shadow], settings: ShadowSettings) -> Loading:
@@ -201,12 +208,13 @@ def _activity(clock: Callable[[], float]) -> HostActivity:
 
 def _service(settings: ShadowSettings, slot: Slot, activity: HostActivity, profiles: Profiles, idle: IdleScheduler,
              ration: RationedScheduler, telemetry: Telemetry, router: RouterShadow,
-             clock: Callable[[], float], narrator: Narrator, loading: Loading) -> ShadowService:
+             clock: Callable[[], float], narrator: Narrator, loading: Loading, metrics: Metrics) -> ShadowService:
     from shadow.adapters.service import ShadowService
 
     service = ShadowService(settings, slot, activity, profiles, idle, ration, telemetry, router, clock=clock,
                             narrator=narrator)
     slot.on_loaded(loading.warmed)  # after the service's own callback (the warm-up): the log's "ready" line
+    metrics.watch_service(service)  # the host's and the narrator's counts, read when scraped
     return service
 
 
@@ -238,7 +246,7 @@ class Container(containers.DeclarativeContainer):
     ration = providers.Singleton(_ration, slot, activity, telemetry, clock, settings)
     narrator = providers.Singleton(_narrator, slot, settings, clock, telemetry, ration, reader_timer)
     service = providers.Singleton(_service, settings, slot, activity, profiles, idle, ration, telemetry, router,
-                                  clock, narrator, loading)
+                                  clock, narrator, loading, metrics)
 
 
 def build_container(settings: ShadowSettings) -> Container:

@@ -42,7 +42,7 @@ PAGE_READS = frozenset({BASE + "/live", BASE + "/narration", BASE + "/status", "
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-class Health(Struct):
+class Health(Struct, omit_defaults=True):
     status: str  # ok, or failed: the model failed to load (``shadow serve --stay-up`` kept the process up)
     reason: str = ""
 

@@ -103,6 +103,8 @@ class ProxyApp:
         self.in_flight = 0  # chat completions being followed (a client may have all its bytes already)
         self._mu = threading.Lock()
         self.client = Upstream(timeout_s)
+        if metrics is not None:  # its counters on /metrics too, every reason at 0 from the start
+            metrics.watch_proxy(lambda: {**self.counts.as_dict(), "in_flight": self.in_flight})
 
     @property
     def engine_name(self) -> str:
