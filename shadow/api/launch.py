@@ -55,7 +55,7 @@ class QuietProbes(logging.Filter):
         super().__init__()
         from .operators import OPERATOR_PATHS
 
-        self.paths = OPERATOR_PATHS
+        self.paths = OPERATOR_PATHS | {"/v1/conductor/proxy/health"}  # the proxy's liveness too
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
