@@ -19,7 +19,7 @@ from shadow.api.server import BackgroundServer
 from shadow.cli import main
 from shadow.proxy import create_proxy_app
 from tests.conftest import make_container, make_settings
-from tests.proxy.upstream import ScriptedUpstream
+from tests.proxy.upstream import ScriptedUpstream, key, sse_chunks, whole_body
 
 TOKEN = "s3cret"
 
@@ -59,7 +59,9 @@ def test_bearer_on_the_proxys_own_paths_and_the_cookie_never_reaches_the_engine(
 
 
 def test_the_proxy_relays_with_the_shadow_off(tmp_path: Path) -> None:
-    upstream = ScriptedUpstream({})
+    messages = [{"role": "user", "content": "Say hi."}]
+    reply = {"role": "assistant", "content": "Hi! How can I help you today?"}
+    upstream = ScriptedUpstream({key(messages): reply})
     with BackgroundServer(upstream, lifespan="off") as up:
         settings = make_settings("", tmp_path)  # MODEL empty: the shadow is off
         proxy = create_proxy_app(up.url, make_container(settings), timeout_s=30.0, engine="transformers")
@@ -71,3 +73,9 @@ def test_the_proxy_relays_with_the_shadow_off(tmp_path: Path) -> None:
             assert ready.status_code == 503 and "the shadow is off" in ready.json()["reason"]
             assert client.get(front.url + "/v1/conductor/proxy/health").json() == {"status": "ok"}
             assert client.get(front.url + BASE + "/health").status_code == 200
+            # a chat completion, whole and streamed, goes through as the engine answered it
+            body = {"model": "qwen", "messages": messages}
+            whole = client.post(front.url + "/v1/chat/completions", json=body)
+            assert whole.status_code == 200 and whole.content == whole_body(reply)
+            with client.stream("POST", front.url + "/v1/chat/completions", json={**body, "stream": True}) as r:
+                assert r.status_code == 200 and b"".join(r.iter_raw()) == b"".join(sse_chunks(reply))
