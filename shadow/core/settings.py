@@ -73,8 +73,9 @@ class ShadowSettings(BaseSettings):
                                           "`shadow:` blocks; empty: one profile `default` with mode on")
     profile: str = Field("default", description="the profile of a turn that names none")
     max_body_kb: int = Field(16384, description="largest request body the API accepts, KiB")
-    token: str = Field("", description="bearer token every request must carry (Authorization: Bearer ...); "
-                                       "empty: none, and `shadow serve` binds loopback only")
+    token: str = Field("", description="token every request must carry (Authorization: Bearer ... or "
+                                       "X-Shadow-Token; on paths the proxy forwards, X-Shadow-Token only); "
+                                       "empty: none, and serve and proxy bind loopback only")
     allowed_origins: str = Field("", description="browser origins allowed to call the API, comma-separated "
                                                  "(https://app.example:443); empty: every Origin is refused")
     allowed_hosts: str = Field("", description="Host header names accepted besides localhost, 127.0.0.1, ::1 "

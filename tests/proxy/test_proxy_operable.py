@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow.api.app import BASE
+from shadow.api.app import BASE, create_app
 from shadow.api.server import BackgroundServer
 from shadow.cli import main
 from shadow.proxy import create_proxy_app
@@ -48,6 +48,10 @@ def test_bearer_on_the_proxys_own_paths_and_the_cookie_never_reaches_the_engine(
                      "/v1/conductor/proxy/health"):
             assert client.get(stack.url + path, headers=bearer).status_code == 200, path
         assert "shadow_chunks_total" in client.get(stack.url + BASE + "/metrics", headers=bearer).text
+        # the page on the proxy reads the proxy's status with its cookie (its proxy section)
+        page = {"cookie": f"shadow_token={TOKEN}"}
+        assert client.get(stack.url + "/v1/conductor/proxy/status", headers=page).json()["engine"] == "transformers"
+        assert client.get(stack.url + BASE + "/metrics", headers=page).status_code == 401  # not a page read
         assert stack.upstream.requests == []  # none of them went to the engine
         # a forwarded GET from the page's browser: the token cookie is the proxy's, the others the engine's
         r = client.get(stack.url + "/v1/models", headers={
@@ -79,3 +83,21 @@ def test_the_proxy_relays_with_the_shadow_off(tmp_path: Path) -> None:
             assert whole.status_code == 200 and whole.content == whole_body(reply)
             with client.stream("POST", front.url + "/v1/chat/completions", json={**body, "stream": True}) as r:
                 assert r.status_code == 200 and b"".join(r.iter_raw()) == b"".join(sse_chunks(reply))
+
+
+def test_a_proxy_following_another_process_passes_its_own_token_on(checkpoint: Path, tmp_path: Path) -> None:
+    """With ``--shadow URL`` the shadow's paths go to that service: the client's credentials (a bearer
+    token, the page's cookie) are checked by the proxy and not passed on; the proxy sends its own."""
+    serve_settings = make_settings(checkpoint, tmp_path / "serve", token=TOKEN)
+    upstream = ScriptedUpstream({})
+    with BackgroundServer(create_app(make_container(serve_settings))) as serve, \
+            BackgroundServer(upstream, lifespan="off") as up:
+        proxy = create_proxy_app(up.url, make_container(make_settings("", tmp_path / "proxy", token=TOKEN)),
+                                 timeout_s=30.0, engine="transformers", shadow_url=serve.url)
+        with BackgroundServer(proxy) as front, httpx.Client(timeout=30.0) as client:
+            for headers in ({"authorization": f"Bearer {TOKEN}"}, {"x-shadow-token": TOKEN},
+                            {"cookie": f"shadow_token={TOKEN}"}):
+                r = client.get(front.url + BASE + "/status", headers=headers)
+                assert r.status_code == 200 and "slot" in r.json(), (headers, r.text)
+            assert client.get(front.url + BASE + "/status").status_code == 401
+            assert client.get(front.url + BASE + "/status", headers={"authorization": "Bearer no"}).status_code == 401
