@@ -80,10 +80,28 @@ def starting(command: str, settings: ShadowSettings, container: Any) -> None:
     serve_log.info("narrator: %s", f"on for profiles {', '.join(narrated)}" if narrated else "off")
 
 
-def stopped(container: Any) -> None:
-    """The stop's line: what the planned stop parked."""
-    metrics = container.metrics()
-    serve_log.info("stopped; %d sessions parked in all by this run", int(metrics.value("shadow_parks_total")))
+class Stopping:
+    """The stop's lines: ``begin`` when the server begins to stop (then the service's own ``closing``),
+    ``done`` once the service stopped, saying what its planned stop parked."""
+
+    def __init__(self, container: Any) -> None:
+        self.metrics = container.metrics()
+        self.closing = container.service().closing
+        self.before: float | None = None
+
+    def _parks(self) -> float:
+        return float(self.metrics.value("shadow_parks_total"))
+
+    def begin(self) -> None:
+        self.before = self._parks()
+        serve_log.info("stopping: the resident sessions are parked for the next start")
+        self.closing()
+
+    def done(self) -> None:
+        total = self._parks()
+        at_stop = total - self.before if self.before is not None else 0.0
+        serve_log.info("stopped; the planned stop parked %d sessions (%d parks in all by this run)",
+                       int(at_stop), int(total))
 
 
 class Throttled:

@@ -158,9 +158,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.starting("serve", settings, container)
     slot = container.slot()
     failed = (lambda: slot.state == "failed") if not args.stay_up else None
-    serve(create_app(container), settings.host, settings.port, on_exit=container.service().closing,
+    stopping = logs.Stopping(container)
+    serve(create_app(container), settings.host, settings.port, on_exit=stopping.begin,
           stop_when=failed, quiet_paths=args.access_log == "requests", **server_config(args))
-    logs.stopped(container)
+    stopping.done()
     if slot.state == "failed" and not args.stay_up:
         log.error("exiting with status 1: the model failed to load (%s); --stay-up keeps serving", slot.error)
         return 1
@@ -181,14 +182,14 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     if started is None:
         return 2
     settings, container = started
-    if args.shadow is None:
+    stopping = logs.Stopping(container) if args.shadow is None else None
+    if stopping is not None:
         logs.starting("proxy", settings, container)
     app = create_proxy_app(args.upstream, container, timeout_s=args.timeout, engine=args.engine,
                            shadow_url=args.shadow)
     # no Server or Date header of the proxy's own: the client gets the upstream's headers as they were
-    serve(app, settings.host, settings.port,
-          on_exit=container.service().closing if args.shadow is None else None,
+    serve(app, settings.host, settings.port, on_exit=stopping.begin if stopping is not None else None,
           server_header=False, date_header=False, quiet_paths=args.access_log == "requests", **server_config(args))
-    if args.shadow is None:
-        logs.stopped(container)
+    if stopping is not None:
+        stopping.done()
     return 0
