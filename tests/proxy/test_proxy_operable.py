@@ -18,7 +18,7 @@ from shadow.api.app import BASE, create_app
 from shadow.api.server import BackgroundServer
 from shadow.cli import main
 from shadow.proxy import create_proxy_app
-from tests.conftest import make_container, make_settings
+from tests.conftest import make_container, make_settings, wait_until
 from tests.proxy.upstream import ScriptedUpstream, key, sse_chunks, whole_body
 
 TOKEN = "s3cret"
@@ -101,3 +101,20 @@ def test_a_proxy_following_another_process_passes_its_own_token_on(checkpoint: P
                 assert r.status_code == 200 and "slot" in r.json(), (headers, r.text)
             assert client.get(front.url + BASE + "/status").status_code == 401
             assert client.get(front.url + BASE + "/status", headers={"authorization": "Bearer no"}).status_code == 401
+
+
+def test_a_proxy_whose_shadow_service_is_down_still_relays(tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "Say hi."}]
+    reply = {"role": "assistant", "content": "Hi!"}
+    with BackgroundServer(ScriptedUpstream({key(messages): reply}), lifespan="off") as up:
+        proxy = create_proxy_app(up.url, make_container(make_settings("", tmp_path)), timeout_s=30.0,
+                                 engine="transformers", shadow_url="http://127.0.0.1:9")  # nothing listens there
+        with BackgroundServer(proxy) as front, httpx.Client(timeout=30.0) as client:
+            r = client.post(front.url + "/v1/chat/completions", json={"model": "qwen", "messages": messages})
+            assert r.status_code == 200 and r.content == whole_body(reply)
+            assert client.get(front.url + BASE + "/ready").status_code == 502  # the shadow's paths: its own
+            assert client.get(front.url + "/v1/conductor/proxy/health").status_code == 200
+            # the turn's following stops as the shadow refuses the connection (the client had its answer)
+            status = front.url + "/v1/conductor/proxy/status"
+            wait_until(lambda: client.get(status).json()["counts"]["not_followed"] == {"shadow_error": 1},
+                       "the turn to be counted not followed")
