@@ -126,7 +126,7 @@ class Guard:
             return 400, (f"Host {host!r} is not one this service answers to ({', '.join(sorted(self.hosts))}; "
                          "QWEN38_SHADOW_ALLOWED_HOSTS adds names)")
         if self._login(scope, headers):
-            return None  # the form holds the token, checked by its route (``operators.login``)
+            return None  # the form holds the token, checked by its route (``page.PageController.login``)
         if self.token and not self._exempt(scope) and (refused := self._token(headers, scope)) is not None:
             return 401, refused
         origin = headers.get(b"origin")
@@ -145,11 +145,12 @@ class Guard:
     def _token(self, headers: dict[bytes, bytes], scope: Any) -> str | None:
         """Why the request's token is refused, or None."""
         path = scope.get("path", "")
-        own = headers.get(TOKEN_HEADER)
-        if own is None and scope.get("method") in ("GET", "HEAD") and path in PAGE_READS:
-            own = cookie_value(headers.get(b"cookie", b"")) or None  # a cross-site page never gets a SameSite cookie
+        own, what = headers.get(TOKEN_HEADER), "X-Shadow-Token"
+        if own is None and b"authorization" not in headers and scope.get("method") in ("GET", "HEAD") \
+                and path in PAGE_READS:  # a cross-site page never gets a SameSite cookie
+            own, what = cookie_value(headers.get(b"cookie", b"")) or None, "token cookie (post the page's form again)"
         if own is not None:
-            return None if hmac.compare_digest(own.strip(), self.token) else "a wrong X-Shadow-Token"
+            return None if hmac.compare_digest(own.strip(), self.token) else f"a wrong {what}"
         if not self._own(path):  # forwarded to the engine: Authorization is the engine's
             return ("no X-Shadow-Token: the proxy forwards this path to the engine, so it takes the token as "
                     "X-Shadow-Token: <QWEN38_SHADOW_TOKEN> (Authorization is passed on to the engine)")
