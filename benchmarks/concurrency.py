@@ -418,7 +418,7 @@ def replay(sessions: Sequence[SessionShape], policy: Policy, costs: PassCosts, k
         ration = service.stats["ration"]
         run.ration_s, run.ration_chunks = ration.spent_s, ration.chunks
         run.decoding_s = container.activity().decoding_s()
-        run.ids_reread = int(container.metrics().value("shadow_ids_reread_total"))
+        run.ids_reread = int(container.metrics().value("shadow_reread_tokens_total"))
         run.sim_s = clock()
         container.shutdown_resources()
     run.wall_s = time.perf_counter() - wall

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from shadow.api.launch import add_flags, cmd_proxy, cmd_serve
 from shadow.api.terminal import table as _table
 from shadow.core.settings import DEFAULT_HOME
 
@@ -182,79 +183,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if equal else 1
 
 
-def _listening(args: argparse.Namespace, command: str) -> tuple[Any, Any] | None:
-    """(settings, container) for a command that listens: settings from the environment, ``--env-file``,
-    ``--port`` and ``--host``; None (having said why) when they are bad or would listen beyond
-    loopback without a token."""
-    from shadow.api.server import is_loopback
-    from shadow.container import build_container
-    from shadow.core.errors import ShadowError
-    from shadow.core.settings import ShadowSettings
-
-    overrides: dict[str, object] = {}
-    if args.port is not None:
-        overrides["port"] = args.port
-    if args.host is not None:
-        overrides["host"] = args.host
-    if args.metrics_public:
-        overrides["metrics_public"] = True
-    try:
-        settings = ShadowSettings(_env_file=args.env_file, **overrides)
-        container = build_container(settings)
-        container.profiles()  # a bad profile file fails here, at start, naming the file and key
-    except ShadowError as err:
-        print(f"shadow {command}: {err}", file=sys.stderr)
-        return None
-    if not settings.token and not is_loopback(settings.host):
-        print(f"shadow {command}: refusing to listen on {settings.host} without a token: anyone who reaches it "
-              "could feed, overwrite or forget sessions. Set QWEN38_SHADOW_TOKEN (clients send it as "
-              "Authorization: Bearer ...), or listen on 127.0.0.1.", file=sys.stderr)
-        return None
-    return settings, container
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    """The service from settings (environment and serve.env), until interrupted."""
-    from shadow.adapters import allocator
-    from shadow.api.app import create_app
-    from shadow.api.server import keep_worker_threads, serve
-
-    # before the model's and the server's threads allocate: their arenas are taken at their first malloc
-    print(f"shadow serve: {allocator.tune()}; {keep_worker_threads()}", file=sys.stderr)
-    started = _listening(args, "serve")
-    if started is None:
-        return 2
-    settings, container = started
-    serve(create_app(container), settings.host, settings.port, log_level=args.log_level,
-          on_exit=container.service().closing)
-    return 0
-
-
-def cmd_proxy(args: argparse.Namespace) -> int:
-    """The OpenAI-compatible proxy in front of ``--upstream``, with the service's own routes."""
-    from shadow.adapters import allocator
-    from shadow.api.server import serve
-    from shadow.proxy import create_proxy_app
-
-    if args.shadow is None:  # the model in this process: its reads allocate on the server's threads, as in serve
-        print(f"shadow proxy: {allocator.tune()}", file=sys.stderr)
-    started = _listening(args, "proxy")
-    if started is None:
-        return 2
-    settings, container = started
-    app = create_proxy_app(args.upstream, container, timeout_s=args.timeout, engine=args.engine,
-                           shadow_url=args.shadow)
-    # no Server or Date header of the proxy's own: the client gets the upstream's headers as they were
-    serve(app, settings.host, settings.port, log_level=args.log_level,
-          on_exit=container.service().closing if args.shadow is None else None,
-          server_header=False, date_header=False)
-    return 0
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     """The running service's status as a table (``--url``; the token from the settings)."""
     import httpx
 
+    from shadow.api.app import BASE
     from shadow.api.client import ShadowClient, ShadowHTTPError
     from shadow.core.errors import ShadowError
     from shadow.core.settings import ShadowSettings
@@ -265,6 +198,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"shadow status: {err}", file=sys.stderr)
         return 2
     url = args.url or f"http://{settings.host}:{settings.port}"
+    url = url.rstrip("/").removesuffix(BASE)  # the proxy's prefix given as well: the client adds it itself
     try:
         with ShadowClient(url, timeout=10.0, token=settings.token or None) as client:
             st = client.status()
@@ -393,26 +327,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="auto: the session's real pace, slowed by the chunk cost measured here against a user's "
                         "(within 2 minutes); or a factor (1: real pace, 3: three times faster)")
     s = sub.add_parser("serve", help="run the service (settings from the environment and serve.env)")
-    s.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
-    s.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
-    s.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
-    s.add_argument("--metrics-public", action="store_true",
-                   help="/metrics, /health and /ready without the token, from loopback (QWEN38_SHADOW_METRICS_PUBLIC)")
-    s.add_argument("--log-level", default="info")
+    add_flags(s, serve=True)
     p = sub.add_parser("proxy", help="an OpenAI-compatible proxy in front of vLLM / SGLang / llama.cpp, "
                                      "followed by the shadow")
     p.add_argument("--upstream", required=True, help="the engine's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--port", type=int, default=None, help="overrides QWEN38_SHADOW_PORT")
-    p.add_argument("--host", default=None, help="overrides QWEN38_SHADOW_HOST")
-    p.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")
-    p.add_argument("--metrics-public", action="store_true",
-                   help="/metrics, /health and /ready without the token, from loopback (QWEN38_SHADOW_METRICS_PUBLIC)")
+    add_flags(p, serve=False)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait on the upstream (default 600)")
     p.add_argument("--engine", default="auto", choices=["auto", "vllm", "sglang", "llamacpp", "transformers"],
                    help="how to ask the engine for its token ids (default auto: from its /v1/models)")
     p.add_argument("--shadow", default=None, metavar="URL",
                    help="follow with the shadow service at URL (`shadow serve`) instead of one in this process")
-    p.add_argument("--log-level", default="info")
     st = sub.add_parser("status", help="the running service's status as a table")
     st.add_argument("--url", default=None, help="the service's base URL (default: http://HOST:PORT of the settings)")
     st.add_argument("--env-file", default="serve.env", help="the settings file (default: ./serve.env)")

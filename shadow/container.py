@@ -26,6 +26,7 @@ from shadow.core.shadow import Shadow
 if TYPE_CHECKING:  # concrete types for the checker only: importing them here would import torch
     from opentelemetry.sdk.trace import TracerProvider
 
+    from shadow.adapters.logs import Loading
     from shadow.adapters.metrics import Metrics
     from shadow.adapters.narrator import Narrator
     from shadow.adapters.prompter import QwenPrompter
@@ -144,16 +145,29 @@ def _telemetry(provider: TracerProvider | None, settings: ShadowSettings, metric
 
 
 def _metrics(settings: ShadowSettings) -> Metrics:
+    from importlib.metadata import PackageNotFoundError, version
+
     from shadow.adapters.metrics import Metrics
 
-    return Metrics(settings.grid, int(settings.gb * 2**30))
+    try:
+        release = version("shadow")  # pyproject's, as installed
+    except PackageNotFoundError:
+        release = "unknown"
+    info = {"model": settings.model, "dtype": settings.dtype, "device": settings.device, "version": release}
+    return Metrics(settings.grid, int(settings.gb * 2**30), info)
 
 
-def _slot(settings: ShadowSettings, shadow: Callable[[], Shadow], profiles: Profiles,
+def _loading(shadow: Callable[[], Shadow], settings: ShadowSettings) -> Loading:
+    from shadow.adapters.logs import Loading
+
+    return Loading(shadow, settings)
+
+
+def _slot(settings: ShadowSettings, loading: Loading, profiles: Profiles,
           clock: Callable[[], float], metrics: Metrics) -> ModelSlot:
     from shadow.core.slot import ModelSlot
 
-    slot = ModelSlot(shadow if settings.on else None, model=settings.model, wanted=profiles.any_on,
+    slot = ModelSlot(loading if settings.on else None, model=settings.model, wanted=profiles.any_on,
                 shared_with=("narrator",) if settings.shares_narrator_slot else (), clock=clock)
     metrics.watch(slot.get)  # the gauges read the facade once it is loaded and warmed
     return slot
@@ -199,11 +213,14 @@ def _activity(clock: Callable[[], float]) -> HostActivity:
 
 def _service(settings: ShadowSettings, slot: ModelSlot, activity: HostActivity, profiles: Profiles, idle: IdleScheduler,
              ration: RationedScheduler, telemetry: Telemetry, router: RouterShadow,
-             clock: Callable[[], float], narrator: Narrator) -> ShadowService:
+             clock: Callable[[], float], narrator: Narrator, loading: Loading, metrics: Metrics) -> ShadowService:
     from shadow.adapters.service import ShadowService
 
-    return ShadowService(settings, slot, activity, profiles, idle, ration, telemetry, router, clock=clock,
-                         narrator=narrator)
+    service = ShadowService(settings, slot, activity, profiles, idle, ration, telemetry, router, clock=clock,
+                            narrator=narrator)
+    slot.on_loaded(loading.warmed)  # after the service's own callback (the warm-up): the log's "ready" line
+    metrics.watch_service(service)  # the host's and the narrator's counts, read when scraped
+    return service
 
 
 class Container(containers.DeclarativeContainer):
@@ -227,13 +244,14 @@ class Container(containers.DeclarativeContainer):
     clock = providers.Object(time.monotonic)
     profiles = providers.Singleton(_profiles, settings)
     activity = providers.Singleton(_activity, clock)
-    slot = providers.Singleton(_slot, settings, shadow.provider, profiles, clock, metrics)
+    loading = providers.Singleton(_loading, shadow.provider, settings)  # the load, with its log lines
+    slot = providers.Singleton(_slot, settings, loading, profiles, clock, metrics)
     router = providers.Singleton(_router, settings, clock, telemetry)
     idle = providers.Singleton(_idle, slot, activity, telemetry, clock, settings, router)
     ration = providers.Singleton(_ration, slot, activity, telemetry, clock, settings)
     narrator = providers.Singleton(_narrator, slot, settings, clock, telemetry, ration, reader_timer)
     service = providers.Singleton(_service, settings, slot, activity, profiles, idle, ration, telemetry, router,
-                                  clock, narrator)
+                                  clock, narrator, loading, metrics)
 
 
 def build_container(settings: ShadowSettings) -> Container:

@@ -18,12 +18,23 @@ For the proxy (and any host in process), the named methods below are the way in:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from .logs import Throttled
+from .metrics_more import REFUSAL_REASONS, InfoAndCounts, ProxyCollector
 
 if TYPE_CHECKING:
     from shadow.core.records import ChunkRead
@@ -37,8 +48,8 @@ WHERE = ("resident", "parked", "dropped")
 # name (without the prefix) -> (help, label names); counters get ``_total`` from prometheus_client
 COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "chunks": ("Whole chunks read, by the window that read them", ("window",)),
-    "ids_read": ("Ids read (rows committed by chunks), rereads included", ()),
-    "ids_reread": ("Committed ids a rollback sent back to be read again", ()),
+    "ids_read": ("Tokens read (rows committed by chunks), rereads included", ()),
+    "ids_reread": ("Committed tokens a rollback sent back to be read again", ()),
     "rollbacks": ("Prompts that differed from what was read and rolled the state back", ()),
     "parks": ("Sessions parked on disk (written) to keep under the cap or at a planned stop", ()),
     "restores": ("Parked sessions brought back to the device from their file", ()),
@@ -53,7 +64,7 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
 # ``behind_at_turn_start_ids``' buckets are grid multiples minus one, so that ``le="<grid-1>"`` counts
 # the fresh turn starts (less than one chunk behind)
 HISTOGRAMS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "behind_at_turn_start_ids": ("Ids of the session not yet read when a turn's prompt came", ()),
+    "behind_at_turn_start_ids": ("Tokens of the session not yet read when a turn's prompt came", ()),
     "chunk_seconds": ("One chunk's measured device time, by window", ("window",)),
     "question_seconds": ("One question's latency, the tail's chunks included", ()),
     "park_seconds": ("One park (the file written and synced)", ()),
@@ -64,12 +75,26 @@ GAUGES: dict[str, str] = {
     "resident_bytes": "Device bytes resident sessions hold",
     "resident_cap_bytes": "The cap on resident bytes (QWEN38_SHADOW_GB)",
     "disk_bytes": "Bytes of parked files",
-    "backlog_ids": "Ids held and not yet read, all sessions together",
+    "backlog_ids": "Tokens held and not yet read, all sessions together",
     "model_loaded": "1 once the model is loaded and warmed (the readiness gate), else 0",
 }
+# the names engines use (vLLM's ``prompt_tokens_total``): tokens, not ids. The telemetry keeps calling
+# them by their first names (the keys above); only what Prometheus sees changed (CHANGELOG.md).
+RENAMED = {"ids_read": "read_tokens", "ids_reread": "reread_tokens",
+           "behind_at_turn_start_ids": "behind_at_turn_start_tokens", "backlog_ids": "backlog_tokens"}
 SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-NAMES = sorted([PREFIX + n + "_total" for n in COUNTERS] + [PREFIX + n for n in HISTOGRAMS]
-               + [PREFIX + n for n in GAUGES])
+# a GPU chunk takes 1.5 to 6.6 ms, a question tens of ms: buckets that tell them apart from 0.5 to 50 ms
+FAST_SECONDS = (0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0065, 0.008, 0.01, 0.015, 0.02,
+                0.03, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def exposed(name: str) -> str:
+    """The name Prometheus sees for a telemetry key (``ids_read`` -> ``shadow_read_tokens``)."""
+    return PREFIX + RENAMED.get(name, name)
+
+
+NAMES = sorted([exposed(n) + "_total" for n in COUNTERS] + [exposed(n) for n in HISTOGRAMS]
+               + [exposed(n) for n in GAUGES] + list(InfoAndCounts.NAMES) + list(ProxyCollector.NAMES))
 
 
 def behind_buckets(grid: int) -> tuple[float, ...]:
@@ -104,32 +129,48 @@ class Gauges(Collector):
         yield GaugeMetricFamily(PREFIX + "resident_cap_bytes", GAUGES["resident_cap_bytes"],
                                 value=self.cap_bytes if self.cap_bytes is not None else float("inf"))
         yield GaugeMetricFamily(PREFIX + "disk_bytes", GAUGES["disk_bytes"], value=disk)
-        yield GaugeMetricFamily(PREFIX + "backlog_ids", GAUGES["backlog_ids"], value=backlog)
+        yield GaugeMetricFamily(exposed("backlog_ids"), GAUGES["backlog_ids"], value=backlog)
         yield GaugeMetricFamily(PREFIX + "model_loaded", GAUGES["model_loaded"], value=int(shadow is not None))
 
 
 class Metrics:
     """The container's registry of shadow's metrics (see the module docstring)."""
 
-    def __init__(self, grid: int = 512, cap_bytes: int | None = None) -> None:
+    def __init__(self, grid: int = 512, cap_bytes: int | None = None, info: Mapping[str, str] | None = None) -> None:
+        """``info``: the settings' side of ``shadow_model_info`` (model, dtype, device, version)."""
         disable_created_metrics()  # type: ignore[no-untyped-call]  # a ``_created`` series per counter doubles the scrape and tells nothing here
         self.registry = CollectorRegistry(auto_describe=True)
-        self.counters = {n: Counter(PREFIX + n, h, labels, registry=self.registry)
+        self.counters = {n: Counter(exposed(n), h, labels, registry=self.registry)
                          for n, (h, labels) in COUNTERS.items()}
-        buckets = {"behind_at_turn_start_ids": behind_buckets(grid)}
-        self.histograms = {n: Histogram(PREFIX + n, h, labels, registry=self.registry,
+        buckets = {"behind_at_turn_start_ids": behind_buckets(grid), "chunk_seconds": FAST_SECONDS,
+                   "question_seconds": FAST_SECONDS}
+        self.histograms = {n: Histogram(exposed(n), h, labels, registry=self.registry,
                                         buckets=buckets.get(n, SECONDS))
                            for n, (h, labels) in HISTOGRAMS.items()}
-        for n, labels in (("chunks", WINDOWS), ("chunk_seconds", WINDOWS)):
+        # every series from the start: a rate over a series born late misses its start, and a panel
+        # of refusals shows 0, not "No data", until the first one
+        for n, labels in (("chunks", WINDOWS), ("chunk_seconds", WINDOWS), ("parked_files_refused", REFUSAL_REASONS)):
             metric = self.counters.get(n) or self.histograms[n]
-            for value in labels:  # every series from the start: a rate over a series born late misses its start
+            for value in labels:
                 metric.labels(value)
         self._source: Callable[[], Shadow | None] = lambda: None
         self.registry.register(Gauges(lambda: self._source(), cap_bytes))
+        self.counts = InfoAndCounts(lambda: self._source(), {"grid": str(grid), **(info or {})})
+        self.registry.register(self.counts)
+        self._mismatches = Throttled(logging.getLogger("shadow.proxy"))  # at most a line a minute
+        ProcessCollector(registry=self.registry)  # process_*: CPU seconds, resident memory, open files, start time
 
     def watch(self, source: Callable[[], Shadow | None]) -> None:
         """Where the gauges read from: the live facade (None while the model is not loaded and warmed)."""
         self._source = source
+
+    def watch_service(self, service: Any) -> None:
+        """The service's counts (host, narrator) become metrics, read when scraped."""
+        self.counts.service = service
+
+    def watch_proxy(self, counts: Callable[[], Mapping[str, Any]]) -> None:
+        """The proxy's counters (``ProxyCounts.as_dict``) become metrics, read when scraped."""
+        self.registry.register(ProxyCollector(counts))
 
     def count(self, name: str, value: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
         c = self.counters[name]
@@ -141,7 +182,7 @@ class Metrics:
 
     def chunk(self, window: str, chunk: ChunkRead) -> None:
         self.count("chunks", 1, {"window": window})
-        self.count("ids_read", chunk.rows)
+        self.count("ids_read", chunk.rows)  # shadow_read_tokens_total
         self.observe("chunk_seconds", chunk.cost_s, {"window": window})
         if window == "ration":
             self.count("ration_seconds", chunk.cost_s)
@@ -153,6 +194,8 @@ class Metrics:
 
     def render_mismatch(self) -> None:
         self.count("proxy_render_mismatches")
+        self._mismatches.warn("a turn's rendered prompt differed from the engine's (the session was fed the "
+                              "engine's; see /v1/conductor/proxy/status: last_mismatches)")
 
     # ---- reading --------------------------------------------------------------------------------
 

@@ -82,6 +82,7 @@ from . import paths as p
 from .guard import Guard
 from .models import Arrived, AskBody, Chat, HoldBody, NarrateBody, Output, Prompt, RequestRef, Round, Started
 from .operators import OperatorController, template_config
+from .page import PageController
 from .responses import Hold, Problem
 
 # what the routes answer: the layers' records as they are (their schemas are msgspec's, see below)
@@ -352,7 +353,7 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
         return service
 
     app = Litestar(
-        route_handlers=[ShadowController, FeedController, HostController, OperatorController],
+        route_handlers=[ShadowController, FeedController, HostController, OperatorController, PageController],
         dependencies={"service": Provide(provide_service, sync_to_thread=False),
                       "metrics": Provide(lambda: container.metrics(), sync_to_thread=False)},
         template_config=template_config(),

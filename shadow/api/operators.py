@@ -1,16 +1,15 @@
-"""What an operator's tools read: ``/metrics`` (Prometheus), ``/health``, ``/ready``, and the live page.
+"""What an operator's tools read: ``/metrics`` (Prometheus), ``/health``, ``/ready``; the paths they and the
+live page (``page.py``) are served at.
 
 Each is served at the root and under ``/v1/conductor/shadow``: the proxy passes only that prefix to
 the shadow (every other path is the engine's, whose own ``/metrics`` and ``/health`` stay its own).
 
 - ``GET /metrics``: the container's registry in Prometheus' text format (``shadow.adapters.metrics``).
-- ``GET /health``: 200 while the process answers.
+- ``GET /health``: 200 while the process answers; 503 with the reason once the model failed to load
+  (``shadow serve`` exits 1 then, unless ``--stay-up``).
 - ``GET /ready``: 503 with the reason until the model is loaded and warmed (the first chunk a
   request waits on is not a cold one), then 200.
-- ``GET /`` (the page) and ``GET .../live`` (its sessions, as an HTML fragment the page fetches):
-  templates under ``templates/``; the page's script follows ``GET .../narration`` with an
-  ``EventSource``. The page holds no data, so it loads without the token; it asks for the token once
-  and keeps it as a cookie for the browser's session, which the guard takes on GET requests.
+- ``GET /``: the live page (``page.py``).
 
 The token guards all of it but the page; ``QWEN38_SHADOW_METRICS_PUBLIC`` opens ``/metrics``,
 ``/health`` and ``/ready`` to clients on loopback (a scraper beside the service).
@@ -18,15 +17,12 @@ The token guards all of it but the page; ``QWEN38_SHADOW_METRICS_PUBLIC`` opens 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import anyio.to_thread
-from litestar import Controller, MediaType, Request, Response, get
+from litestar import Controller, Response, get
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.response import Template
 from litestar.template.config import TemplateConfig
 from msgspec import Struct
 
@@ -39,12 +35,18 @@ from .paths import BASE
 OPERATOR = ("/metrics", "/health", "/ready")
 OPERATOR_PATHS = frozenset(OPERATOR) | frozenset(BASE + p for p in OPERATOR)
 PAGE_PATHS = frozenset({"/", BASE, BASE + "/"})
+ASSETS = {"page.js": "text/javascript", "page.css": "text/css"}  # the page's own script and style (CSP: 'self')
+ASSET_PATHS = frozenset(f"{BASE}/{name}" for name in ASSETS)
+LOGIN_PATH = BASE + "/token"  # the page's form: POST token=...&next=/ -> 303 with Set-Cookie (``guard.py``)
 TOKEN_COOKIE = "shadow_token"
+COOKIE_PATH = "/v1/conductor"  # the page's reads: the shadow's paths and the proxy's status
+PAGE_READS = frozenset({BASE + "/live", BASE + "/narration", BASE + "/status", "/v1/conductor/proxy/status"})
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-class Health(Struct):
-    status: str
+class Health(Struct, omit_defaults=True):
+    status: str  # ok, or failed: the model failed to load (``shadow serve --stay-up`` kept the process up)
+    reason: str = ""
 
 
 class Readiness(Struct):
@@ -76,28 +78,6 @@ def _pairs(path: str) -> list[str]:
     return [path, BASE + path]
 
 
-def _mb(n: float | None) -> str:
-    return "none" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def live_context(status: Status) -> dict[str, Any]:
-    """What the page's fragment shows, from the status: each session, the windows, the cap."""
-    router: dict[str, str] = {}
-    for r in status.router.last if status.router is not None else []:  # oldest first: the last of each stays
-        router[r.session] = (r.label if isinstance(r.label, str) else "") or (r.error if isinstance(r.error, str)
-                                                                              else "")
-    sessions = [{"name": name, "where": s.where, "ids": s.ids, "committed": s.committed, "behind": s.backlog,
-                 "router": router.get(name, ""), "profile": s.profile or ""}
-                for name, s in sorted(status.sessions.items())]
-    w, store = status.windows, status.store
-    return {"sessions": sessions, "slot": status.slot, "grid": status.slot.grid,
-            "ration_ms": w.ration.spent_ms, "idle_ms": w.idle.spent_ms,
-            "narrator_ms": status.narrator.spent_ms if status.narrator is not None else 0.0,
-            "cap": _mb(store.cap_bytes if store is not None else None),
-            "resident": _mb(store.resident_bytes if store is not None else 0), "backlog": status.backlog,
-            "at": time.strftime("%H:%M:%S UTC", time.gmtime())}
-
-
 class OperatorController(Controller):
     tags = ("operators",)
 
@@ -107,23 +87,17 @@ class OperatorController(Controller):
         # off the loop: the gauges wait for the facade's lock, which a chunk being read holds
         return Response(await anyio.to_thread.run_sync(metrics.exposition), media_type=CONTENT_TYPE)
 
-    @get(_pairs("/health"), summary="The process answers")
-    async def health(self) -> Health:
-        return Health("ok")
+    @get(_pairs("/health"), summary="200 while the process answers; 503 once the model failed to load",
+         responses={503: ResponseSpec(Health, description="The model failed to load: the reason",
+                                      generate_examples=False)})
+    async def health(self, service: ShadowService) -> Response[Health]:
+        # a failed load is not fixed by waiting: a liveness probe that restarts the process retries it
+        if service.slot.state == "failed":
+            return Response(Health("failed", f"the model failed to load: {service.slot.error}"), status_code=503)
+        return Response(Health("ok"), status_code=200)
 
     @get(_pairs("/ready"), summary="200 once the model is loaded and warmed; 503 with the reason before",
          responses={503: ResponseSpec(Readiness, description="Not ready: the reason", generate_examples=False)})
     async def ready(self, service: ShadowService) -> Response[Readiness]:
         r = readiness(service)
         return Response(r, status_code=200 if r.ready else 503)
-
-    @get(sorted(PAGE_PATHS - {BASE + "/"}), media_type=MediaType.HTML, include_in_schema=True,
-         summary="The live page: each session, the narration as it comes")
-    async def page(self, request: Request[Any, Any, Any], service: ShadowService) -> Template:
-        return Template("live.html", context={"base": BASE, "token": bool(service.settings.token),
-                                              "cookie": TOKEN_COOKIE})
-
-    @get(BASE + "/live", media_type=MediaType.HTML, sync_to_thread=True,
-         summary="The live page's sessions, as an HTML fragment")
-    def live(self, service: ShadowService) -> Template:
-        return Template("live_sessions.html", context=live_context(service.status()))

@@ -49,7 +49,8 @@ def keep_worker_threads() -> str:
     return "worker threads kept once started (not ended after 10 s idle)"
 
 
-def _server(app: Any, on_exit: Callable[[], None] | None, **config: Any) -> Any:
+def _server(app: Any, on_exit: Callable[[], None] | None, stop_when: Callable[[], bool] | None = None,
+            **config: Any) -> Any:
     import uvicorn
 
     keep_worker_threads()
@@ -60,13 +61,26 @@ def _server(app: Any, on_exit: Callable[[], None] | None, **config: Any) -> Any:
                 on_exit()
             await super().shutdown(sockets)
 
+        async def on_tick(self, counter: int) -> bool:  # uvicorn asks every 0.1 s whether to stop
+            return bool(await super().on_tick(counter)) or (stop_when is not None and stop_when())
+
     return Server(uvicorn.Config(app, **config))
 
 
 def serve(app: Any, host: str, port: int, log_level: str = "info", on_exit: Callable[[], None] | None = None,
-          **config: Any) -> None:
-    server = _server(app, on_exit, **{"host": host, "port": port, "log_level": log_level, "lifespan": "on",
-                                      **config})
+          stop_when: Callable[[], bool] | None = None, quiet_paths: bool = False, **config: Any) -> None:
+    """uvicorn in the foreground until interrupted, or until ``stop_when()`` says so; ``quiet_paths``:
+    probes and scrapes stay out of the access log (``shadow.api.launch.QuietProbes``)."""
+    server = _server(app, on_exit, stop_when, **{"host": host, "port": port, "log_level": log_level,
+                                                 "lifespan": "on", **config})
+    if quiet_paths:  # after uvicorn.Config, which configures its loggers
+        import logging
+
+        from .launch import QuietProbes
+
+        access = logging.getLogger("uvicorn.access")
+        if not any(isinstance(f, QuietProbes) for f in access.filters):
+            access.addFilter(QuietProbes())
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the SIGINT it caught once stopped
         server.run()
     if not server.started:

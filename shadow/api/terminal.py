@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 from shadow.adapters.records import Status
+
+# C0 and C1 controls and DEL: ESC sequences could clear the screen, set the title or write the
+# clipboard (OSC 52) of the operator's terminal; a session's name or an error holds what a client sent
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters shown as escapes (``\x1b``), never sent to the terminal."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def table(rows: list[list[str]]) -> str:
     """Columns padded to their widest cell, a rule under the first row."""
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -35,4 +47,4 @@ def status_table(st: Status) -> str:
         rows.append([name, s.where, str(s.ids), str(s.committed), str(s.backlog),
                      "yes" if s.backlog < grid else "no", str(s.rollbacks),
                      f"{s.bytes_resident / 2**20:.1f}", f"{s.bytes_on_disk / 2**20:.1f}", s.profile or "-"])
-    return "\n".join(lines) + "\n\n" + (table(rows) if len(rows) > 1 else "no sessions")
+    return "\n".join(map(printable, lines)) + "\n\n" + (table(rows) if len(rows) > 1 else "no sessions")

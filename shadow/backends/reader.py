@@ -123,6 +123,11 @@ class TorchReader:
         torch forward."""
         return self.fast.attention.name if self.fast is not None else "torch"
 
+    def runs_on(self) -> tuple[str, str]:
+        """(the device resolved, the chunk attention backend): ``("cuda:0", "gluon-ws")``; ``"torch"`` for
+        the torch forward (fast path off). What the status page and the load's log line show."""
+        return str(self.model.device), self.attention
+
     def batch_sizes(self) -> dict[int, str]:
         """The fast path's batch sizes and their warm-up check ("ok", "unchecked", or why a size is
         refused); the torch forward, which reads a pass's sessions one after the other, needs no check."""

@@ -77,8 +77,9 @@ class ShadowSettings(BaseSettings):
                                           "`shadow:` blocks; empty: one profile `default` with mode on")
     profile: str = Field("default", description="the profile of a turn that names none")
     max_body_kb: int = Field(16384, description="largest request body the API accepts, KiB")
-    token: str = Field("", description="bearer token every request must carry (Authorization: Bearer ...); "
-                                       "empty: none, and `shadow serve` binds loopback only")
+    token: str = Field("", description="token every request must carry (Authorization: Bearer ... or "
+                                       "X-Shadow-Token; on paths the proxy forwards, X-Shadow-Token only); "
+                                       "empty: none, and serve and proxy bind loopback only")
     allowed_origins: str = Field("", description="browser origins allowed to call the API, comma-separated "
                                                  "(https://app.example:443); empty: every Origin is refused")
     allowed_hosts: str = Field("", description="Host header names accepted besides localhost, 127.0.0.1, ::1 "
@@ -130,6 +131,9 @@ class ShadowSettings(BaseSettings):
                                                "(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or localhost:4318)")
 
     def __init__(self, **values: Any) -> None:
+        stray = _stray_environment()
+        if stray:  # a typo in the environment (QWEN38_SHADOW_TOKN) would otherwise be ignored: no token
+            raise SettingsError("bad settings:\n  " + "\n  ".join(stray))
         try:
             super().__init__(**values)
         except ValidationError as err:
@@ -349,6 +353,20 @@ def _dotenv(path: str | os.PathLike[str] | None) -> dict[str, str | None]:
     return {k.upper(): v for k, v in dotenv_values(path).items()}
 
 
+def _known() -> str:
+    return ", ".join(PREFIX + f.upper() for f in ShadowSettings.model_fields)
+
+
+def _stray_environment() -> list[str]:
+    """One line per ``QWEN38_SHADOW_*`` key of the environment that is no setting (other ``QWEN38_*``
+    keys are the engine's and pass). pydantic-settings reads the environment case-insensitively and
+    skips unknown keys in silence; serve.env's are refused by ``extra="forbid"``, these here."""
+    fields = ShadowSettings.model_fields
+    stray = sorted(k for k in os.environ if k.upper().startswith(PREFIX) and k[len(PREFIX):].lower() not in fields)
+    # the value is not shown: a misspelt key may hold the token
+    return [f"{k} in the environment: not a setting (known: {_known()})" for k in stray]
+
+
 def _explain(err: ValidationError, values: dict[str, Any]) -> str:
     """One line per bad key: ``QWEN38_SHADOW_GRID='100' in serve.env: grid must be ...``."""
     env_file = values.get("_env_file", ShadowSettings.model_config.get("env_file"))
@@ -370,7 +388,6 @@ def _explain(err: ValidationError, values: dict[str, Any]) -> str:
             where, value = "", e.get("input")
         msg = str(e["msg"]).removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            known = ", ".join(PREFIX + f.upper() for f in ShadowSettings.model_fields)
-            msg = f"not a setting (known: {known})"
+            msg = f"not a setting (known: {_known()})"
         lines.append(f"{key}={value!r} {where}: {msg}".replace("  ", " "))
     return "bad settings:\n  " + "\n  ".join(lines)

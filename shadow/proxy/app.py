@@ -2,8 +2,11 @@
 SGLang, llama.cpp, ``transformers serve``, ...) and follows its chat completions with the shadow.
 
 Every route first passes the API's checks (``shadow.api.guard``): the ``Host``, a browser
-``Origin``, ``application/json`` bodies, and with ``QWEN38_SHADOW_TOKEN`` set the proxy's own
-``X-Shadow-Token`` header (never forwarded; the engine's ``Authorization`` passes untouched). A body
+``Origin``, ``application/json`` bodies, and with ``QWEN38_SHADOW_TOKEN`` set the token: on the
+proxy's own paths (``/v1/conductor/shadow``, ``/v1/conductor/proxy``, ``/schema``) as a bearer token
+or ``X-Shadow-Token``, on the paths forwarded to the engine as ``X-Shadow-Token`` only (the
+engine's ``Authorization`` passes untouched). The token header and the page's ``shadow_token``
+cookie are never forwarded. ``GET /v1/conductor/proxy/health`` is the proxy's liveness. A body
 over ``QWEN38_SHADOW_PROXY_MAX_BODY_KB`` is refused (413), an ``X-Session-Id`` that is not a session
 name (400). Then the request goes to ``--upstream`` as it came (less ``Host``, the hop-by-hop
 headers and the token) and the engine's status, headers and bytes come back as they were sent,
@@ -33,7 +36,7 @@ from urllib.parse import unquote
 
 import anyio
 
-from shadow.api.guard import TOKEN_HEADER, Guard, problem
+from shadow.api.guard import PROXY_OWN, TOKEN_HEADER, Guard, problem, without_cookie
 from shadow.core.host import Host
 from shadow.core.scheduling import NullTelemetry, Telemetry
 
@@ -49,6 +52,7 @@ log = logging.getLogger("shadow.proxy")
 SHADOW_PATHS = ("/v1/conductor/shadow", "/schema")
 SESSIONS_PATH = "/v1/conductor/shadow/sessions/"
 STATUS_PATH = "/v1/conductor/proxy/status"
+HEALTH_PATH = "/v1/conductor/proxy/health"  # the proxy's liveness: 200 while it answers, whatever the engine or shadow
 CHAT_PATH = "/v1/chat/completions"
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
               b"trailer", b"upgrade", b"host", b"content-length", b"transfer-encoding"}
@@ -89,7 +93,7 @@ class ProxyApp:
         self.upstream = upstream.rstrip("/")
         self.engine_setting = engine
         self.engine: Engine | None = BY_NAME.get(engine)
-        self.guard = Guard(None, settings, bearer=False)
+        self.guard = Guard(None, settings, own=PROXY_OWN)
         self.max_body = settings.proxy_max_body_kb * 1024
         self.sessions = Sessions(settings.grid, settings.proxy_max_sessions)
         self.counts = ProxyCounts(metrics)
@@ -99,6 +103,8 @@ class ProxyApp:
         self.in_flight = 0  # chat completions being followed (a client may have all its bytes already)
         self._mu = threading.Lock()
         self.client = Upstream(timeout_s)
+        if metrics is not None:  # its counters on /metrics too, every reason at 0 from the start
+            metrics.watch_proxy(lambda: {**self.counts.as_dict(), "in_flight": self.in_flight})
 
     @property
     def engine_name(self) -> str:
@@ -156,6 +162,9 @@ class ProxyApp:
         path = scope["path"]
         if path == STATUS_PATH and scope["method"] == "GET":
             await self._status(send)
+            return
+        if path == HEALTH_PATH and scope["method"] in ("GET", "HEAD"):
+            await _json(send, 200, {"status": "ok"})
             return
         if scope["method"] == "DELETE" and path.startswith(SESSIONS_PATH):
             # before the answer: a client that reads it finds the session gone from the table too
@@ -239,8 +248,15 @@ class ProxyApp:
         url = base + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
-        drop = HOP_BY_HOP if keep_token else HOP_BY_HOP | {TOKEN_HEADER}
+        # the client's token (header or the page's cookie) is the proxy's, never forwarded; to a shadow
+        # of another process (``keep_token``) the proxy, having checked it, sends its own token instead
+        drop = HOP_BY_HOP | {TOKEN_HEADER, b"cookie"} | ({b"authorization"} if keep_token else set())
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
+        cookies = b"; ".join(without_cookie(v) for k, v in scope["headers"] if k.lower() == b"cookie")
+        if cookies.strip(b"; "):
+            headers.append((b"cookie", cookies))
+        if keep_token and self.settings.token:
+            headers.append((TOKEN_HEADER, self.settings.token.encode()))
         return await self.client.send(scope["method"], url, headers, body)
 
     async def _forward(self, scope: Scope, body: bytes, receive: Receive, send: Send, turn: Turn | None,
@@ -279,10 +295,14 @@ class ProxyApp:
                "shadow": self.shadow_url or "in process", "sessions": self.sessions.status(),
                "retry_s": self.settings.proxy_retry_s, "recent_bodies": recent,
                "max_body_kb": self.settings.proxy_max_body_kb, "counts": self.counts.as_dict()}
-        body = json.dumps(out).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await _json(send, 200, out)
+
+
+async def _json(send: Send, status: int, out: dict[str, Any]) -> None:
+    body = json.dumps(out).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from shadow import cli
 from shadow.adapters import allocator
+from shadow.api import launch
 
 REPO = Path(__file__).parents[2]
 # eight threads alive at once, each allocating: glibc's malloc_stats then lists one arena a thread
@@ -117,7 +118,7 @@ def test_malloc_mmap_threshold_in_the_environment_wins() -> None:
 def test_serve_caps_the_arenas_before_it_builds_anything(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     monkeypatch.setattr(allocator, "tune", lambda: calls.append("limit") or "tuned")
-    monkeypatch.setattr(cli, "_listening", lambda args, command: calls.append(command))  # None: bad settings
+    monkeypatch.setattr(launch, "listening", lambda args, command: calls.append(command))  # None: bad settings
     assert cli.main(["serve"]) == 2
     assert calls == ["limit", "serve"]
 
@@ -125,7 +126,7 @@ def test_serve_caps_the_arenas_before_it_builds_anything(monkeypatch: pytest.Mon
 def test_proxy_with_the_model_in_its_process_caps_the_arenas_first(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     monkeypatch.setattr(allocator, "tune", lambda: calls.append("limit") or "tuned")
-    monkeypatch.setattr(cli, "_listening", lambda args, command: calls.append(command))
+    monkeypatch.setattr(launch, "listening", lambda args, command: calls.append(command))
     assert cli.main(["proxy", "--upstream", "http://127.0.0.1:9"]) == 2
     assert calls == ["limit", "proxy"]
     calls.clear()  # with --shadow URL the model lives in another process, which caps its own
@@ -172,6 +173,7 @@ def test_trim_gives_a_hole_in_the_heap_back_to_the_system() -> None:
 PERIODIC = """
 import json, threading, time
 from shadow.adapters import allocator
+from shadow.api import launch
 calls = []
 real = allocator.trim
 allocator.trim = lambda: calls.append(1) or real()

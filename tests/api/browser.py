@@ -40,6 +40,7 @@ class Browser:
         os.close(from_browser)
         self._buffer = b""
         self._next = 0
+        self.events: list[dict[str, Any]] = []  # every event the browser sent (``Runtime.exceptionThrown``, ...)
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
 
@@ -64,7 +65,9 @@ class Browser:
                 self._buffer += chunk
             raw, _, self._buffer = self._buffer.partition(b"\0")
             got = json.loads(raw)
-            if got.get("id") == self._next:  # (events and other answers pass by)
+            if "method" in got:
+                self.events.append(got)
+            if got.get("id") == self._next:  # (other answers pass by; events are kept in ``events``)
                 if "error" in got:
                     raise RuntimeError(f"{method}: {got['error']}")
                 result: dict[str, Any] = got["result"]
@@ -91,6 +94,12 @@ class Browser:
                 raise AssertionError(f"waited {timeout_s:g} s in the browser for {what}; it never happened")
             time.sleep(0.1)
         return value
+
+    def errors(self) -> list[dict[str, Any]]:
+        """The page's uncaught exceptions and ``console.error`` calls seen so far (after ``Runtime.enable``)."""
+        self.evaluate("0")  # a round trip: events sent before it are read
+        return [e for e in self.events if e["method"] == "Runtime.exceptionThrown"
+                or (e["method"] == "Runtime.consoleAPICalled" and e["params"].get("type") == "error")]
 
     def screenshot(self, path: Path) -> Path:
         path.write_bytes(base64.b64decode(self.page("Page.captureScreenshot", {"format": "png"})["data"]))

@@ -5,6 +5,8 @@ saved under the test's tmp folder."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ GRID = 256
 ROUND = 8
 ROUND_S = 20.0  # Qwen's time a round on the fake clock: the share then admits a summary (tests/api/test_narrator.py)
 TOKEN = "s3cret"
+# where to save the docs' screenshots (docs/page-following.png, docs/page-stopped.png): set to docs/ to refresh them
+SCREENSHOTS = Path(os.environ["SHADOW_SCREENSHOTS"]) if os.environ.get("SHADOW_SCREENSHOTS") else None
 
 
 def feed_turn(host: ShadowClient, clock: FakeClock, rid: str, session: str, prompt: list[int],
@@ -51,6 +55,8 @@ def test_the_page_shows_the_session_and_its_narration_as_it_comes(checkpoint: Pa
     try:
         with BackgroundServer(create_app(c)) as server, ShadowClient(server.url, token=TOKEN) as host:
             wait_until(lambda: host.status().slot.state == "loaded", "the model to load")
+            browser.page("Runtime.enable")  # uncaught exceptions and console errors come as events
+            browser.page("Network.enable")
             browser.page("Page.navigate", {"url": server.url + "/"})
             # the page holds no data: it asks for the token, once
             browser.wait_for("(f => f !== null && getComputedStyle(f).display === 'block')"
@@ -74,9 +80,23 @@ def test_the_page_shows_the_session_and_its_narration_as_it_comes(checkpoint: Pa
                 "[...tr.cells].map(td => td.textContent.trim())).find(c => c[0] === 'demo');"
                 f" return r && r[2] === '{st.ids}' ? r : null; }})()", "the session's row")
             assert row[:5] == ["demo", st.where, str(st.ids), str(st.committed), str(st.backlog)]
-            summary = browser.evaluate("document.querySelector('#sessions .summary').textContent")
+            summary = browser.evaluate("document.querySelector('#sessions').textContent")
             assert "ration spent" in summary and "narrator spent" in summary and "of cap" in summary
+            # what it runs on as resolved (not "auto"), the narrator's state, a legend for the columns
+            assert browser.evaluate("document.getElementById('device').textContent") == "cpu"
+            assert browser.evaluate("document.getElementById('kernel').textContent") == "torch"
+            assert browser.evaluate("document.getElementById('narrator-state').textContent").startswith("on, 2 written")
+            assert "fresh: less than one" in browser.evaluate("document.querySelector('.legend').textContent")
+            browser.wait_for("document.getElementById('plot-fresh').getAttribute('points').split(' ').length >= 2",
+                             "the plot's fresh share")
+            # the token is an HttpOnly cookie the server set: no script of the origin reads it
+            jar = browser.page("Network.getCookies", {"urls": [server.url + BASE + "/live"]})["cookies"]
+            [cookie] = [c for c in jar if c["name"] == "shadow_token"]
+            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/v1/conductor"
+            assert "shadow_token" not in browser.evaluate("document.cookie")
             shot = browser.screenshot(tmp_path / "live.png")
+            if SCREENSHOTS:
+                browser.screenshot(SCREENSHOTS / "page-following.png")
             # the token was asked once: a reload opens straight away with the kept cookie, and shows the
             # summaries written before it opened
             browser.page("Page.reload")
@@ -86,6 +106,16 @@ def test_the_page_shows_the_session_and_its_narration_as_it_comes(checkpoint: Pa
                 "the reloaded page's narration")
             assert again == lines
             assert browser.evaluate("getComputedStyle(document.getElementById('token')).display") == "none"
+            assert browser.evaluate("document.getElementById('banner').hidden")
+        # the service stopped with the page open: it says so at once, greys the data, throws nothing
+        stopped = browser.wait_for("!document.getElementById('banner').hidden && "
+                                   "document.getElementById('banner').textContent", "the disconnected banner", 30.0)
+        assert stopped.startswith("disconnected since ")
+        assert browser.evaluate("document.body.classList.contains('stale')")
+        time.sleep(5)  # two more rounds of the page's reads against nothing
+        assert browser.errors() == []
+        if SCREENSHOTS:
+            browser.screenshot(SCREENSHOTS / "page-stopped.png")
     finally:
         browser.close()
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -296,3 +296,26 @@ def test_span_sizes_follow_the_path() -> None:
     assert ShadowSettings(_env_file=None).span_sizes(cuda_fast=False) == ()
     assert ShadowSettings(_env_file=None, spans="8, 2,8").span_sizes(cuda_fast=False) == (2, 8)
     assert ShadowSettings(_env_file=None, spans="off").span_sizes(cuda_fast=True) == ()
+
+
+# ---- keys that are no setting (issue 55, point 1) ---------------------------------------------------
+
+def test_a_misspelt_key_in_the_environment_is_refused_naming_it_and_its_source(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # on 1392d56 this started with no token and no warning; the same line in serve.env exited 2
+    monkeypatch.setenv("QWEN38_SHADOW_TOKN", "s3cret")
+    with pytest.raises(SettingsError) as err:
+        ShadowSettings(_env_file=None)
+    assert "QWEN38_SHADOW_TOKN in the environment: not a setting" in str(err.value)
+    assert "s3cret" not in str(err.value)  # a misspelt key may hold the token: its value is not echoed
+    env = tmp_path / "serve.env"
+    env.write_text(f"QWEN38_SHADOW_DIR={tmp_path}\n")
+    assert main(["serve", "--env-file", str(env)]) == 2
+    assert "QWEN38_SHADOW_TOKN in the environment" in capsys.readouterr().err
+    # the engine's own keys pass, and so does every declared setting, in any case
+    monkeypatch.delenv("QWEN38_SHADOW_TOKN")
+    monkeypatch.setenv("QWEN38_PORT", "8000")
+    monkeypatch.setenv("qwen38_shadow_grid", "256")
+    assert ShadowSettings(_env_file=None).grid == 256
+    for field in ShadowSettings.model_fields:
+        assert f"{PREFIX}{field.upper()}" in str(err.value)  # the message lists every known key

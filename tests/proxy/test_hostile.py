@@ -121,13 +121,25 @@ def test_the_proxys_token_guards_every_route_and_never_reaches_the_engine(
     transcript = session_of(shared_data, path, index)
     req = transcript.requests[0]
     stack = stack_of([transcript], token="s3cret")
-    routes = [("POST", "/v1/chat/completions"), ("GET", BASE + "/status"), ("GET", "/v1/conductor/proxy/status"),
-              ("GET", "/v1/models")]
+    forwarded = [("POST", "/v1/chat/completions"), ("GET", "/v1/models")]
+    own = [("GET", BASE + "/status"), ("GET", "/v1/conductor/proxy/status")]
     with httpx.Client(timeout=60.0) as client:
-        for method, route in routes:
-            for headers in ({}, {"authorization": "Bearer s3cret"}, {"x-shadow-token": "wrong"}):
+        for method, route in forwarded + own:
+            for headers in ({}, {"x-shadow-token": "wrong"}, {"authorization": "Bearer wrong"}):
                 r = client.request(method, stack.url + route, json=chat_body(req, stream=False), headers=headers)
                 assert r.status_code == 401, (route, headers)
+        # on forwarded paths Authorization is the engine's: the proxy's token there is X-Shadow-Token only
+        for method, route in forwarded:
+            r = client.request(method, stack.url + route, json=chat_body(req, stream=False),
+                               headers={"authorization": "Bearer s3cret"})
+            assert r.status_code == 401 and "X-Shadow-Token" in r.json()["detail"], route
+            # and the page's cookie counts on the page's own reads only, never on what goes to the engine
+            r = client.request(method, stack.url + route, json=chat_body(req, stream=False),
+                               headers={"cookie": "shadow_token=s3cret"})
+            assert r.status_code == 401, route
+        # the proxy's own paths are never forwarded: a bearer token serves there, as on `shadow serve`
+        for _, route in own:
+            assert client.get(stack.url + route, headers={"authorization": "Bearer s3cret"}).status_code == 200
     assert stack.upstream.requests == [] and stack.proxy.sessions.names() == []
     # the openai SDK: the engine's key as api_key, the proxy's token in its own header
     sdk = openai.OpenAI(base_url=stack.url + "/v1", api_key="sk-upstream",
