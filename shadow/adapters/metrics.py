@@ -48,6 +48,8 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "narrations": ("Summaries the narrator wrote", ()),
     "proxy_turns": ("Chat completions the proxy followed as turns", ()),
     "proxy_render_mismatches": ("Turns whose rendered prompt differed from the engine's", ()),
+    "proxy_engine_fallbacks": ("Times the engine refused the proxy's id fields and the proxy fell back to "
+                               "rendering", ()),
 }
 # ``behind_at_turn_start_ids``' buckets are grid multiples minus one, so that ``le="<grid-1>"`` counts
 # the fresh turn starts (less than one chunk behind)
@@ -152,6 +154,9 @@ class Metrics:
 
     def render_mismatch(self) -> None:
         self.count("proxy_render_mismatches")
+
+    def engine_fallback(self) -> None:
+        self.count("proxy_engine_fallbacks")
 
     # ---- reading --------------------------------------------------------------------------------
 

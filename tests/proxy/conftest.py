@@ -91,3 +91,38 @@ def exact(stack: Stack, session: str) -> list[int]:
     for name in want:
         assert got[name].equal(want[name]), f"{session}: {name}"
     return ids
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A real redis-server of its own on a free loopback port (no persistence), its URL."""
+    import shutil
+    import subprocess
+
+    import redis
+
+    from tests.proxy.engine import free_port
+
+    exe = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    if exe is None:
+        pytest.skip("redis-server is not installed (.ci/run installs Debian's redis-server)")
+    port = free_port()
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+        wait_until(up, "redis-server to answer", 30.0)
+        client.close()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -54,7 +54,3 @@ def read_json(path: Path) -> Any:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
-
-
-def openai_tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
