@@ -38,9 +38,16 @@ def chat_body(req: Any, stream: bool = True) -> dict[str, Any]:
 
 class Stack:
     def __init__(self, proxy: ProxyApp, upstream: ScriptedUpstream, url: str, upstream_url: str,
-                 spans: Spans) -> None:
+                 spans: Spans, servers: list[BackgroundServer] | None = None) -> None:
         self.proxy, self.upstream, self.url, self.upstream_url = proxy, upstream, url, upstream_url
         self.spans = spans
+        self.servers = servers or []
+
+    def stop(self) -> None:
+        """A planned stop: the proxy and its service (which parks every resident session), then the upstream."""
+        for s in reversed(self.servers):
+            s.stop()
+        self.servers.clear()
 
     @property
     def service(self) -> Any:
@@ -56,9 +63,9 @@ class Stack:
 def stack_of(checkpoint: Path, tmp_path: Path, spans: Spans) -> Iterator[Any]:
     servers: list[BackgroundServer] = []
 
-    def make(transcripts: list[Transcript], engine: str = "transformers", **kw: Any) -> Stack:
+    def make(transcripts: list[Transcript], engine: str = "transformers", strict: bool = False, **kw: Any) -> Stack:
         replies = {key(r.messages): r.response for t in transcripts for r in t.requests}
-        upstream = ScriptedUpstream(replies)
+        upstream = ScriptedUpstream(replies, strict=strict)
         up = BackgroundServer(upstream, lifespan="off")
         up.start()
         servers.append(up)
@@ -68,7 +75,7 @@ def stack_of(checkpoint: Path, tmp_path: Path, spans: Spans) -> Iterator[Any]:
         front.start()
         servers.append(front)
         wait_until(lambda: proxy.host.slot.state == "loaded", "the model to load")
-        return Stack(proxy, upstream, front.url, up.url, spans)
+        return Stack(proxy, upstream, front.url, up.url, spans, [up, front])
 
     yield make
     for s in reversed(servers):
