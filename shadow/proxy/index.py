@@ -99,7 +99,15 @@ class SessionIndex(Protocol):
 
     def meta(self, name: str) -> Meta | None: ...
 
+    def metas(self, names: Sequence[str]) -> list[Meta | None]:
+        """``meta`` of each name, in one look."""
+        ...
+
     def ids(self, name: str, start: int = 0, stop: int | None = None) -> array[int]: ...
+
+    def ids_of(self, names: Sequence[str], start: int, stops: Sequence[int]) -> list[array[int]]:
+        """``ids(name, start, stop)`` of each name with its stop, in one look."""
+        ...
 
     def put(self, name: str, meta: Meta, ids: array[int], blocks: list[bytes]) -> None:
         """``name`` now holds ``ids`` (replacing what it held); the least recently used beyond
@@ -171,10 +179,18 @@ class LocalIndex:
             e = self._known.get(name)
             return None if e is None else Meta(**{**e.meta.__dict__})
 
+    def metas(self, names: Sequence[str]) -> list[Meta | None]:
+        with self._mu:
+            return [self.meta(n) for n in names]
+
     def ids(self, name: str, start: int = 0, stop: int | None = None) -> array[int]:
         with self._mu:
             e = self._known.get(name)
             return array("i") if e is None else e.ids[start:stop]
+
+    def ids_of(self, names: Sequence[str], start: int, stops: Sequence[int]) -> list[array[int]]:
+        with self._mu:
+            return [self.ids(n, start, stop) for n, stop in zip(names, stops, strict=True)]
 
     # ---- changes -------------------------------------------------------------------------------
 

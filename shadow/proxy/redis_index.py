@@ -78,7 +78,16 @@ class RedisIndex:
         return self._members("B", blocks)
 
     def meta(self, name: str) -> Meta | None:
-        raw = self.r.hgetall(self._k("m", name))
+        return self._meta(self.r.hgetall(self._k("m", name)))
+
+    def metas(self, names: Sequence[str]) -> list[Meta | None]:
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(self._k("m", name))
+        return [self._meta(raw) for raw in pipe.execute()]
+
+    @staticmethod
+    def _meta(raw: dict[bytes, bytes]) -> Meta | None:
         if not raw:
             return None
         d = {k.decode(): v.decode() for k, v in raw.items()}
@@ -90,6 +99,13 @@ class RedisIndex:
             return array("i")
         end = -1 if stop is None else 4 * stop - 1
         return _from_le(self.r.getrange(self._k("i", name), 4 * start, end))
+
+    def ids_of(self, names: Sequence[str], start: int, stops: Sequence[int]) -> list[array[int]]:
+        pipe = self.r.pipeline(transaction=False)
+        for name, stop in zip(names, stops, strict=True):
+            pipe.getrange(self._k("i", name), 4 * start, 4 * stop - 1)
+        return [_from_le(raw) if stop > start else array("i")
+                for raw, stop in zip(pipe.execute(), stops, strict=True)]
 
     # ---- changes -------------------------------------------------------------------------------
 

@@ -100,22 +100,23 @@ class Sessions:
         parent = self._parted(ids, blocks, client)
         return Found(None, "branched" if parent is not None else "new", blocks, parent)
 
-    def _ours(self, name: str, client: str) -> Meta | None:
-        meta = self.index.meta(name)
-        return meta if meta is not None and not meta.named and meta.owner == client else None
+    def _ours(self, names: list[str], client: str) -> list[tuple[str, Meta]]:
+        """Those of ``names`` this client's requests may join: found without a header, by it."""
+        return [(n, m) for n, m in zip(names, self.index.metas(names), strict=True)
+                if m is not None and not m.named and m.owner == client]
 
     def _continued(self, prompt: array[int], blocks: list[bytes], client: str) -> str | None:
         g = self.grid
         keyed = self.index.keyed([ROOT, *blocks])
         for j in range(len(blocks), -1, -1):
             best, best_m, best_used = None, -1, -1
-            for name in keyed[j]:
-                k = self._ours(name, client)
-                if k is None:
-                    continue
+            ours = self._ours(keyed[j], client) if keyed[j] else []
+            fit = [(n, k) for n, k in ours if k.last_prompt <= len(prompt)]
+            held = self.index.ids_of([n for n, _ in fit], j * g, [k.last_prompt for _, k in fit])
+            for (name, k), theirs in zip(fit, held, strict=True):
                 m = k.last_prompt
                 better = m > best_m or (m == best_m and k.used > best_used)
-                if m <= len(prompt) and better and prompt[j * g: m] == self.index.ids(name, j * g, m):
+                if better and prompt[j * g: m] == theirs:
                     best, best_m, best_used = name, m, k.used
             if best is not None:
                 return best
@@ -123,13 +124,12 @@ class Sessions:
 
     def _parted(self, ids: array[int], blocks: list[bytes], client: str) -> str | None:
         for names in reversed(self.index.blocked(blocks)):
-            ours = [n for n in names if self._ours(n, client) is not None]
+            ours = self._ours(names, client) if names else []
             if not ours:
                 continue
             # the last names of a block are its most recently used sessions
-            for name in ours[::-1][:BRANCH_CANDIDATES]:
-                k = self._ours(name, client)
-                if k is not None and first_difference(self.index.ids(name), ids) >= max(self.grid, k.first_prompt):
+            for name, k in ours[::-1][:BRANCH_CANDIDATES]:
+                if first_difference(self.index.ids(name), ids) >= max(self.grid, k.first_prompt):
                     return name
             return None
         return None
