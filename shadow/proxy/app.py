@@ -10,15 +10,19 @@ headers and the token) and the engine's status, headers and bytes come back as t
 streamed as they arrive.
 
 Paths under ``/v1/conductor/shadow`` and ``/schema`` are the shadow's own routes: the in-process
-service's app, or with ``--shadow URL`` passed on to that service. ``GET /v1/conductor/proxy/status``
-is the proxy's own status: its counters (``counts.py``), its table of sessions, its engine.
+service's app, or with ``--shadow URL`` passed on to that service; a client with an engine key
+reaches only its own sessions there (``scope.py``). ``GET /v1/conductor/proxy/status`` is the
+proxy's own status: its counters (``counts.py``), its index of sessions (``index.py``: on disk, or
+in Redis with ``QWEN38_SHADOW_STORE``), its engine and any fallback from the engine's id fields.
 
 A ``POST /v1/chat/completions`` is also a turn of the host interface (``turn.py``), on the shadow
 through ``shadow.core.host.Host``: the in-process service, or a ``ShadowClient``. It starts only
-when the engine answers 2xx. A body the proxy cannot decode (not JSON, nested too deep) is
-forwarded unfollowed. Failures stay the engine's: an error status is returned as it came; an engine
-that cannot be reached or times out gives 502 or 504; one that breaks mid-stream breaks the client's
-stream the same way. A client that goes away closes the upstream request.
+with the engine's first data after a 2xx. A body the proxy cannot decode (not JSON, nested too
+deep) is forwarded unfollowed. Where the engine refuses the id fields the proxy added (400 or 422),
+the client's own body is sent once more and the proxy renders for that engine from then on.
+Failures stay the engine's: an error status is returned as it came; an engine that cannot be
+reached or times out gives 502 or 504; one that breaks mid-stream breaks the client's stream the
+same way. A client that goes away closes the upstream request.
 """
 
 from __future__ import annotations

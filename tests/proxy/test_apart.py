@@ -107,8 +107,12 @@ def test_two_engine_keys_never_join_see_ask_or_delete_each_others_sessions(
     with httpx.Client(timeout=120.0) as client:
         _run(client, stack, t.requests[0], ka)
         (a,) = stack.proxy.sessions.names()
-        _run(client, stack, t.requests[1], kb)  # a's next turn, sent with another key: its own session
+        _run(client, stack, t.requests[0], kb)  # the same body from another key: not a's retry
         (b,) = [n for n in stack.proxy.sessions.names() if n != a]
+        _run(client, stack, t.requests[1], kb)  # the next turn with key b: b's, never a's
+        assert sorted(stack.proxy.sessions.names()) == sorted([a, b])
+        counts = stack.proxy.counts.as_dict()
+        assert (counts["turns"], counts["retries"], counts["sessions_new"]) == (3, 0, 2)
         want = render_turns(t, indices=range(2))
         assert exact(stack, a) == want[0].prompt_ids + want[0].output_ids
         assert exact(stack, b) == want[1].prompt_ids + want[1].output_ids

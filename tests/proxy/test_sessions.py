@@ -188,4 +188,6 @@ def test_two_tables_on_one_redis_agree_on_a_session(redis_url: str) -> None:
     assert _turn(two, nxt, _ids(30, 54), client="k") == name
     assert one.ids(name) == two.ids(name) == nxt + _ids(30, 54)
     assert one.index.meta(name) == two.index.meta(name)
+    keys = one.index.r.keys("*")  # type: ignore[attr-defined]
+    assert keys and all(k.startswith(b"shadow:{proxy-index}:") for k in keys)  # one hash tag: one Cluster slot
     assert two.forget(name) and one.names() == [] and not one.knows(name)
