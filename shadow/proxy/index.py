@@ -4,7 +4,7 @@ kept where it outlives the process.
 An entry per session: its ids (int32), the hash chain of their whole grid blocks, where its first
 and last prompts' generation prompts fall, the client that owns it and whether a header named it.
 Two lookups serve the rules: sessions by the chain hash at their last prompt (``keyed``) and by any
-of their blocks (``blocked``), each most recently used last.
+of their blocks (``held``, ``holders``: most recently used first).
 
 Two implementations behind ``SessionIndex``, chosen by ``QWEN38_SHADOW_STORE`` (``open_index``):
 
@@ -93,8 +93,12 @@ class SessionIndex(Protocol):
         """For each key, the sessions whose last prompt's generation prompt falls at it."""
         ...
 
-    def blocked(self, blocks: Sequence[bytes]) -> list[list[str]]:
-        """For each block hash, the sessions holding it, most recently used last."""
+    def held(self, blocks: Sequence[bytes]) -> list[int]:
+        """For each block hash, how many sessions hold it."""
+        ...
+
+    def holders(self, block: bytes, count: int, skip: int = 0) -> list[str]:
+        """Up to ``count`` sessions holding ``block``, most recently used first, past the ``skip`` most recent."""
         ...
 
     def meta(self, name: str) -> Meta | None: ...
@@ -170,9 +174,13 @@ class LocalIndex:
         with self._mu:
             return [list(self._by_key.get(k, ())) for k in keys]
 
-    def blocked(self, blocks: Sequence[bytes]) -> list[list[str]]:
+    def held(self, blocks: Sequence[bytes]) -> list[int]:
         with self._mu:
-            return [list(self._by_block.get(b, ())) for b in blocks]
+            return [len(self._by_block.get(b, ())) for b in blocks]
+
+    def holders(self, block: bytes, count: int, skip: int = 0) -> list[str]:
+        with self._mu:
+            return list(itertools.islice(reversed(self._by_block.get(block, {})), skip, skip + count))
 
     def meta(self, name: str) -> Meta | None:
         with self._mu:

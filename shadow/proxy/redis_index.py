@@ -74,8 +74,14 @@ class RedisIndex:
     def keyed(self, keys: Sequence[bytes]) -> list[list[str]]:
         return self._members("K", keys)
 
-    def blocked(self, blocks: Sequence[bytes]) -> list[list[str]]:
-        return self._members("B", blocks)
+    def held(self, blocks: Sequence[bytes]) -> list[int]:
+        pipe = self.r.pipeline(transaction=False)
+        for h in blocks:
+            pipe.zcard(self._k("B", h))
+        return [int(n) for n in pipe.execute()]
+
+    def holders(self, block: bytes, count: int, skip: int = 0) -> list[str]:
+        return [n.decode() for n in self.r.zrevrange(self._k("B", block), skip, skip + count - 1)]
 
     def meta(self, name: str) -> Meta | None:
         return self._meta(self.r.hgetall(self._k("m", name)))

@@ -25,8 +25,8 @@ How it is found without scanning every session, as engines index prefix blocks: 
 indexed by the hash chain of its grid-aligned prefixes (block ``j``'s hash covers the first
 ``(j+1) * grid`` ids), and by the chain at the block where its last prompt's generation prompt falls
 (rule 1's key). A prompt's chain is hashed once (O(prompt)); rule 1 looks up the prompt's chain at
-each block and checks the few candidates' last partial block id for id; rule 2 looks up the
-deepest block the prompt shares with any session. The index is bounded
+each block and checks the few candidates' last partial block id for id; rule 2 counts the holders
+of each of the prompt's blocks and checks the most recent few of the deepest held one. The index is bounded
 (``QWEN38_SHADOW_PROXY_MAX_SESSIONS``), least recently used first out; ``forget`` drops a session
 (the proxy calls it on ``DELETE``).
 
@@ -123,15 +123,20 @@ class Sessions:
         return None
 
     def _parted(self, ids: array[int], blocks: list[bytes], client: str) -> str | None:
-        for names in reversed(self.index.blocked(blocks)):
-            ours = self._ours(names, client) if names else []
-            if not ours:
-                continue
-            # the last names of a block are its most recently used sessions
-            for name, k in ours[::-1][:BRANCH_CANDIDATES]:
-                if first_difference(self.index.ids(name), ids) >= max(self.grid, k.first_prompt):
-                    return name
-            return None
+        held = self.index.held(blocks)
+        for j in range(len(blocks) - 1, -1, -1):
+            # the deepest block held by any session: this client's most recently used few of them
+            # are checked, looked up a few at a time (a block may be held by a thousand)
+            checked = 0
+            for skip in range(0, held[j], BRANCH_CANDIDATES):
+                for name, k in self._ours(self.index.holders(blocks[j], BRANCH_CANDIDATES, skip), client):
+                    if first_difference(self.index.ids(name), ids) >= max(self.grid, k.first_prompt):
+                        return name
+                    checked += 1
+                    if checked == BRANCH_CANDIDATES:
+                        return None
+            if checked:
+                return None
         return None
 
     # ---- recording (the engine accepted the request) -------------------------------------------
