@@ -13,6 +13,8 @@ in one slot and a change is one ``MULTI``/``EXEC``:
 - ``clock``: the counter those scores come from.
 
 Ids are written little-endian whatever the machine, so proxies on any host read one another's.
+Where Redis cannot be reached, a look-up or change raises ``redis.RedisError``: the proxy's turn
+then stops following (``shadow_error``) while its bytes flow on, and ``status`` says so.
 """
 
 from __future__ import annotations
@@ -185,8 +187,12 @@ class RedisIndex:
         return [n.decode() for n in self.r.zrange(self.p + "lru", 0, -1)]
 
     def status(self) -> dict[str, Any]:
-        return {"index": self.kind, "known": int(self.r.zcard(self.p + "lru")), "limit": self.limit,
-                "evicted": self.evicted}
+        """What the index holds; where Redis cannot be reached, that (the status still answers)."""
+        out: dict[str, Any] = {"index": self.kind, "limit": self.limit, "evicted": self.evicted}
+        try:
+            return {**out, "known": int(self.r.zcard(self.p + "lru")), "reachable": True}
+        except redis.RedisError as err:
+            return {**out, "known": None, "reachable": False, "error": f"{type(err).__name__}: {err}"}
 
     def close(self) -> None:
         self.r.close()

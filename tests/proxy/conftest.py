@@ -100,9 +100,23 @@ def exact(stack: Stack, session: str) -> list[int]:
     return ids
 
 
+class RedisServer:
+    def __init__(self, url: str, proc: Any) -> None:
+        self.url, self.proc = url, proc
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
 @pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    """A real redis-server of its own on a free loopback port (no persistence), its URL."""
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server of its own on a free loopback port (no persistence)."""
     import shutil
     import subprocess
 
@@ -129,7 +143,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
                 return False
         wait_until(up, "redis-server to answer", 30.0)
         client.close()
-        yield url
+        yield RedisServer(url, proc)
     finally:
-        proc.terminate()
-        proc.wait(10)
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)

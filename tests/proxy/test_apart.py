@@ -225,3 +225,22 @@ def test_two_proxies_on_one_redis_agree_on_the_session_of_a_headerless_request(
     assert exact(one, name) == turns[2].prompt_ids + turns[2].output_ids
     assert one.proxy.sessions.ids(name) == turns[2].prompt_ids + turns[2].output_ids
     assert one.proxy.counts.as_dict()["sessions_new"] == 1 and two.proxy.counts.as_dict()["sessions_joined"] == 1
+
+
+def test_redis_gone_stops_following_and_every_byte_still_flows(
+        shared_data: Path, stack_of: Any, redis_server: Any) -> None:
+    path, index, _ = REASONING
+    t = session_of(shared_data, path, index)
+    stack = stack_of([t], store=redis_server.url)
+    with httpx.Client(timeout=120.0) as client:
+        _run(client, stack, t.requests[0])
+        (name,) = stack.proxy.sessions.names()
+        before = exact(stack, name)
+        redis_server.kill()
+        got = _run(client, stack, t.requests[1])
+        assert got == b"".join(sse_chunks(t.requests[1].response))
+        status = client.get(stack.url + "/v1/conductor/proxy/status").json()
+    assert status["sessions"]["reachable"] is False and "ConnectionError" in status["sessions"]["error"]
+    assert status["counts"]["not_followed"] == {"shadow_error": 1} and status["counts"]["turns"] == 1
+    assert exact(stack, name) == before  # nothing fed that the index could not place
+    assert stack.service.status().host.running == 0
