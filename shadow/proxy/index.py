@@ -35,8 +35,6 @@ log = logging.getLogger("shadow.proxy")
 
 ROOT = b"shadow-proxy-root"
 SUFFIX = ".idx"
-DEFAULT_DISK = "~/.qwen38-spark-engine/cache/shadow"  # as the service's parked files (container.py)
-DISK_OFF = ("", "off", "none")
 
 
 def chain(ids: Sequence[int], grid: int, start: bytes = ROOT, skip: int = 0) -> list[bytes]:
@@ -338,6 +336,8 @@ class LocalIndex:
 
 def index_folder(settings: Any) -> Path | None:
     """Where ``LocalIndex`` keeps its files: beside the parked sessions (``DISK``), one folder a grid."""
+    from shadow.container import DEFAULT_DISK, DISK_OFF
+
     disk = str(settings.disk).strip()
     if disk.lower() in DISK_OFF:
         return None

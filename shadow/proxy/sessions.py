@@ -49,7 +49,7 @@ SESSION_HEADER = "x-session-id"
 BRANCH_CANDIDATES = 4  # sessions of the deepest shared block whose first prompt is checked
 MAX_SUFFIX = 10_000
 
-__all__ = ["ROOT", "SESSION_HEADER", "Found", "Sessions", "before_generation", "chain", "client_of"]
+__all__ = ["SESSION_HEADER", "Found", "Sessions", "before_generation", "client_of"]
 
 
 def before_generation(prompt: Sequence[int]) -> int:

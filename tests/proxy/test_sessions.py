@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from shadow.adapters.tokens import IM_START
-from shadow.proxy.index import LocalIndex
+from shadow.proxy.index import LocalIndex, chain
 from shadow.proxy.redis_index import RedisIndex
-from shadow.proxy.sessions import Sessions, chain
+from shadow.proxy.sessions import Sessions
 
 GRID = 64
 GEN = [IM_START, 77, 78]  # a generation prompt: <|im_start|>assistant\n
