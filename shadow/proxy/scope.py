@@ -83,12 +83,21 @@ class SessionScope:
         return wrapped
 
     def _without_others(self, raw: bytes, client: str, scope: Scope) -> bytes:
+        """The status less every trace of a session the client may not reach: its line in any
+        ``sessions`` map, and any record (an answer, a turn) whose ``session`` it is."""
         try:
             status = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return raw
-        sessions = status.get("sessions") if isinstance(status, dict) else None
-        if not isinstance(sessions, dict):
-            return raw
-        status["sessions"] = {k: v for k, v in sessions.items() if self.may_reach(k, client, scope)}
-        return json.dumps(status).encode()
+
+        def keep(name: Any) -> bool:
+            return not isinstance(name, str) or self.may_reach(name, client, scope)
+
+        def clean(obj: Any) -> Any:
+            if isinstance(obj, dict):
+                return {k: ({n: clean(line) for n, line in v.items() if keep(n)}
+                            if k == "sessions" and isinstance(v, dict) else clean(v)) for k, v in obj.items()}
+            if isinstance(obj, list):
+                return [clean(o) for o in obj if not (isinstance(o, dict) and not keep(o.get("session")))]
+            return obj
+        return json.dumps(clean(status)).encode()

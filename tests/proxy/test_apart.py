@@ -125,6 +125,8 @@ def test_two_engine_keys_never_join_see_ask_or_delete_each_others_sessions(
         assert client.delete(url + f"/sessions/{a}", headers=kb).status_code == 404
         assert stack.proxy.sessions.knows(a) and a in stack.service.status().sessions
         assert client.post(url + "/ask", json={"session": a, **ask}, headers=ka).status_code == 200
+        assert a not in client.get(url + "/status", headers=kb).text  # not even a's answer record
+        assert a in client.get(url + "/status", headers=ka).text
         operator = client.get(url + "/status").json()["sessions"]  # no engine key: the operator's view
         assert a in operator and b in operator
         assert client.delete(url + f"/sessions/{a}", headers=ka).status_code == 204
