@@ -206,8 +206,9 @@ class ProxyApp:
         """The shadow's own routes, scoped to the client (``scope.py``): a session another engine key's
         conversation started is unknown to it (404), and left out of the status it reads."""
         session = self.scope.named(scope, body)
-        if session is not None and not self.scope.may_reach(session, client, scope):
-            await problem(send, 404, f"unknown session {session!r}")
+        refused = self.scope.refusal(scope, session, client)
+        if refused is not None:
+            await problem(send, *refused)
             return
         if scope["method"] == "DELETE" and session is not None:
             # before the answer: a client that reads it finds the session gone from the table too

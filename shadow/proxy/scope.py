@@ -4,7 +4,8 @@ A session the proxy found without ``X-Session-Id`` belongs to the client whose c
 it: the digest of its ``Authorization`` (its engine key). A request that carries another
 ``Authorization`` does not reach it: asking, narrating, feeding, following its narration or
 deleting it answers 404 (as for a session that does not exist), and the status it reads leaves it
-out. Sessions named by a header are the naming client's business and stay reachable by name.
+out; the narration of every session at once is the operator's (such a client names one, or 400).
+Sessions named by a header are the naming client's business and stay reachable by name.
 
 A request without ``Authorization`` is the operator's: with ``QWEN38_SHADOW_TOKEN`` set, the
 proxy's guard has checked its ``X-Shadow-Token`` already, and the token is an admin credential
@@ -52,6 +53,16 @@ class SessionScope:
                 return None  # the shadow's own check refuses it
             session = parsed.get("session") if isinstance(parsed, dict) else None
             return session if isinstance(session, str) else None
+        return None
+
+    def refusal(self, scope: Scope, session: str | None, client: str) -> tuple[int, str] | None:
+        """Why the client may not use this shadow route (status, reason), or None."""
+        if not _authorized(scope):
+            return None
+        if scope["path"] == NARRATION and session is None:
+            return 400, "a client with an engine key follows one session's narration: ?session=NAME"
+        if session is not None and not self.may_reach(session, client, scope):
+            return 404, f"unknown session {session!r}"
         return None
 
     def may_reach(self, session: str, client: str, scope: Scope) -> bool:

@@ -119,6 +119,7 @@ def test_two_engine_keys_never_join_see_ask_or_delete_each_others_sessions(
         url = stack.url + BASE
         assert client.post(url + "/ask", json={"session": a, **ask}, headers=kb).status_code == 404
         assert client.get(url + "/narration", params={"session": a}, headers=kb).status_code == 404
+        assert client.get(url + "/narration", headers=kb).status_code == 400  # every session's: the operator's
         seen_b = client.get(url + "/status", headers=kb).json()["sessions"]
         seen_a = client.get(url + "/status", headers=ka).json()["sessions"]
         assert a not in seen_b and b in seen_b and b not in seen_a and a in seen_a
