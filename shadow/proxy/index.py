@@ -301,7 +301,8 @@ class LocalIndex:
                 name, meta = str(d["name"]), Meta.from_json(d)
                 ids = array("i")
                 ids.frombytes(body)
-                if len(ids) != meta.n or path != self._path(name) or not 0 <= meta.first_prompt <= meta.n:
+                if len(ids) != meta.n or path != self._path(name) or not 0 <= meta.first_prompt <= meta.n \
+                        or not 0 <= meta.last_prompt <= meta.n or min(ids, default=0) < 0:
                     raise ValueError("its ids or name do not match its header")
             except (OSError, ValueError, KeyError, TypeError) as err:
                 self.unreadable += 1

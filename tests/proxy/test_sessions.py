@@ -4,6 +4,8 @@ clients kept apart. Each runs on every index: in memory, on disk, in a real Redi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from array import array
 from collections.abc import Callable
@@ -170,8 +172,12 @@ def test_the_disk_index_outlives_the_process_and_a_bad_file_is_left_aside(tmp_pa
     table.settle(a)
     table.index.close()
     (folder / "junk.idx").write_bytes(b'{"name": "x"}\n\x00')
+    liar = {"name": "liar", "first_prompt": 1, "last_prompt": 10 * GRID, "owner": "", "named": False, "n": 2,
+            "last_block": "", "used": 1}  # a last prompt past its ids
+    liar_file = folder / (hashlib.blake2b(b"liar", digest_size=16).hexdigest() + ".idx")
+    liar_file.write_bytes(json.dumps(liar).encode() + b"\n" + bytes(8))
     again = Sessions(GRID, index=LocalIndex(GRID, 16, folder))
-    assert again.names() == [a] and again.ids(a) == table.ids(a) and again.status()["unreadable"] == 1
+    assert again.names() == [a] and again.ids(a) == table.ids(a) and again.status()["unreadable"] == 2
     b = _turn(again, _ids(GRID + 30, 45) + GEN, [1])  # another conversation after the restart
     assert b != a
     found = again.find(again.ids(a) + _ids(9, 46) + GEN, None)
