@@ -94,7 +94,10 @@ def test_twin_agents_with_one_first_prompt_part_into_two_sessions(shared_data: P
         want = render_turns(agent, indices=range(3))[-1]
         (name,) = [n for n in names if stack.proxy.sessions.ids(n) == want.prompt_ids + want.output_ids]
         assert exact(stack, name) == want.prompt_ids + want.output_ids
-        assert stack.service.live.session_status(name).turns >= 2
+        line = stack.service.live.session_status(name)
+        # rollout 1: its three turns and rollout 2's first (the retry); rollout 2: its own two. Neither
+        # rolled the other back (the issue's run: one session, 3 rollbacks, 1,536 ids read again)
+        assert (line.turns, line.rollbacks, line.reread) == (4 if agent is one else 2, 0, 0)
 
 
 def test_two_engine_keys_never_join_see_ask_or_delete_each_others_sessions(
