@@ -1,9 +1,10 @@
 """How long the proxy takes to find a request's session without a header: ``Sessions.find`` on the
 CPU with 1,000 known sessions of 20k ids that share a 16k-id prefix (a system prompt and tools),
 for a prompt that continues one of them and for a new conversation with the same prefix. The
-prompt's hash chain is part of each call (what a request pays).
+prompt's hash chain is part of each call (what a request pays). The index is the proxy's own in
+memory, or with ``--store redis://...`` a Redis's (``QWEN38_SHADOW_STORE``).
 
-    python -m benchmarks.probes.proxy_sessions [--out DIR]   # prints; with --out writes DIR/proxy_sessions.json
+    python -m benchmarks.probes.proxy_sessions [--out DIR] [--store URL]   # with --out: DIR/proxy_sessions.json
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.common import environment
 from shadow.adapters.tokens import IM_START
+from shadow.proxy.index import LocalIndex, SessionIndex
 from shadow.proxy.sessions import Sessions
 
 GRID = 512
@@ -29,17 +31,26 @@ def main() -> None:
     parser.add_argument("--shared", type=int, default=16 * 1024)
     parser.add_argument("--length", type=int, default=20 * 1024)
     parser.add_argument("--lookups", type=int, default=200)
+    parser.add_argument("--store", default="", help="redis://host:port/db: the index in that Redis (flushed "
+                                                    "of the proxy's keys first); empty: in memory")
     args = parser.parse_args()
     rng = random.Random(0)
     gen = [IM_START, 77, 78]
     shared = [rng.randrange(1000, 200_000) for _ in range(args.shared)]
-    table = Sessions(GRID, limit=args.sessions)
+    index: SessionIndex = LocalIndex(GRID, args.sessions)
+    if args.store:
+        from shadow.proxy.redis_index import RedisIndex
+
+        index = RedisIndex.from_url(args.store, GRID, args.sessions)
+        for key in index.r.scan_iter(match=index.p + "*"):
+            index.r.delete(key)
+    table = Sessions(GRID, index=index)
     known = []
     for _ in range(args.sessions):
         rest = [rng.randrange(1000, 200_000) for _ in range(args.length - args.shared - 400 - len(gen))]
         prompt = shared + rest + gen
         found = table.find(prompt, None)
-        name = table.record(found.name or table.new_name(), found, prompt)
+        name = table.record(found.name or table.new_name(prompt), found, prompt)
         output = [rng.randrange(1000, 200_000) for _ in range(400)]
         table.extend(name, output)
         known.append((name, prompt + output))
@@ -62,7 +73,7 @@ def main() -> None:
               f"max {results[case]['max_ms']:.3f} ms  ({len(prompt)} ids)")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        out = {**environment(), "sessions": args.sessions, "shared": args.shared,
+        out = {**environment(), "index": index.status()["index"], "sessions": args.sessions, "shared": args.shared,
                "length": args.length, "grid": GRID, "results": results}
         (args.out / "proxy_sessions.json").write_text(json.dumps(out, indent=2) + "\n")
 

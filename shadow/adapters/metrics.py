@@ -60,6 +60,8 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "narrations": ("Summaries the narrator wrote", ()),
     "proxy_turns": ("Chat completions the proxy followed as turns", ()),
     "proxy_render_mismatches": ("Turns whose rendered prompt differed from the engine's", ()),
+    "proxy_engine_fallbacks": ("Times the engine refused the proxy's id fields and the proxy fell back to "
+                               "rendering", ()),
 }
 # ``behind_at_turn_start_ids``' buckets are grid multiples minus one, so that ``le="<grid-1>"`` counts
 # the fresh turn starts (less than one chunk behind)
@@ -196,6 +198,9 @@ class Metrics:
         self.count("proxy_render_mismatches")
         self._mismatches.warn("a turn's rendered prompt differed from the engine's (the session was fed the "
                               "engine's; see /v1/conductor/proxy/status: last_mismatches)")
+
+    def engine_fallback(self) -> None:
+        self.count("proxy_engine_fallbacks")
 
     # ---- reading --------------------------------------------------------------------------------
 

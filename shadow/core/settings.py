@@ -58,6 +58,7 @@ class ShadowSettings(BaseSettings):
     gb: float = Field(4.0, description="cap on resident session state, GiB")
     disk: str = Field("auto", description="folder for parked sessions; auto: ~/.qwen38-spark-engine/cache/shadow")
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")
+    store: str = Field("", description="redis://host:port/db of the fleet's shared store; empty: local only")
     narrator_model: str = Field("", description="the host narrator's checkpoint: empty or MODEL's folder (one "
                                                 "slot, one copy of the weights); another folder is refused")
     narrator: Literal["on", "off"] = Field(

@@ -13,15 +13,19 @@ headers and the token) and the engine's status, headers and bytes come back as t
 streamed as they arrive.
 
 Paths under ``/v1/conductor/shadow`` and ``/schema`` are the shadow's own routes: the in-process
-service's app, or with ``--shadow URL`` passed on to that service. ``GET /v1/conductor/proxy/status``
-is the proxy's own status: its counters (``counts.py``), its table of sessions, its engine.
+service's app, or with ``--shadow URL`` passed on to that service; a client with an engine key
+reaches only its own sessions there (``scope.py``). ``GET /v1/conductor/proxy/status`` is the
+proxy's own status: its counters (``counts.py``), its index of sessions (``index.py``: on disk, or
+in Redis with ``QWEN38_SHADOW_STORE``), its engine and any fallback from the engine's id fields.
 
 A ``POST /v1/chat/completions`` is also a turn of the host interface (``turn.py``), on the shadow
 through ``shadow.core.host.Host``: the in-process service, or a ``ShadowClient``. It starts only
-when the engine answers 2xx. A body the proxy cannot decode (not JSON, nested too deep) is
-forwarded unfollowed. Failures stay the engine's: an error status is returned as it came; an engine
-that cannot be reached or times out gives 502 or 504; one that breaks mid-stream breaks the client's
-stream the same way. A client that goes away closes the upstream request.
+with the engine's first data after a 2xx. A body the proxy cannot decode (not JSON, nested too
+deep) is forwarded unfollowed. Where the engine refuses the id fields the proxy added (400 or 422),
+the client's own body is sent once more and the proxy renders for that engine from then on.
+Failures stay the engine's: an error status is returned as it came; an engine that cannot be
+reached or times out gives 502 or 504; one that breaks mid-stream breaks the client's stream the
+same way. A client that goes away closes the upstream request.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import logging
 import threading
 import time
 from typing import Any
-from urllib.parse import unquote
 
 import anyio
 
@@ -42,15 +45,16 @@ from shadow.core.scheduling import NullTelemetry, Telemetry
 
 from .counts import ProxyCounts
 from .engines import BY_NAME, ENGINES, Engine, from_models
+from .index import open_index
 from .relay import relay
-from .sessions import SESSION_HEADER, Sessions
-from .turn import Turn
+from .scope import SessionScope
+from .sessions import SESSION_HEADER, Sessions, client_of
+from .turn import ProxyTurn
 from .upstream import Response, Upstream, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger("shadow.proxy")
 
 SHADOW_PATHS = ("/v1/conductor/shadow", "/schema")
-SESSIONS_PATH = "/v1/conductor/shadow/sessions/"
 STATUS_PATH = "/v1/conductor/proxy/status"
 HEALTH_PATH = "/v1/conductor/proxy/health"  # the proxy's liveness: 200 while it answers, whatever the engine or shadow
 CHAT_PATH = "/v1/chat/completions"
@@ -95,7 +99,9 @@ class ProxyApp:
         self.engine: Engine | None = BY_NAME.get(engine)
         self.guard = Guard(None, settings, own=PROXY_OWN)
         self.max_body = settings.proxy_max_body_kb * 1024
-        self.sessions = Sessions(settings.grid, settings.proxy_max_sessions)
+        self.sessions = Sessions(settings.grid, index=open_index(settings))
+        self.scope = SessionScope(self.sessions)
+        self.fallback: dict[str, Any] | None = None  # the engine refused its id fields: rendering since
         self.counts = ProxyCounts(metrics)
         self.telemetry: Telemetry = telemetry or NullTelemetry()
         self._recent: dict[bytes, tuple[str, float]] = {}
@@ -133,6 +139,7 @@ class ProxyApp:
             message: dict[str, Any] = await receive()
             if message["type"] == "lifespan.shutdown":
                 await self.client.aclose()
+                await anyio.to_thread.run_sync(self.sessions.index.close)
             return message
         return wrapped
 
@@ -166,21 +173,16 @@ class ProxyApp:
         if path == HEALTH_PATH and scope["method"] in ("GET", "HEAD"):
             await _json(send, 200, {"status": "ok"})
             return
-        if scope["method"] == "DELETE" and path.startswith(SESSIONS_PATH):
-            # before the answer: a client that reads it finds the session gone from the table too
-            self.sessions.forget(unquote(path[len(SESSIONS_PATH):]))
-        if path.startswith(SHADOW_PATHS) and self.shadow_app is not None:
-            await self.shadow_app(scope, receive, send)
-            return
+        client = client_of(_header(scope, b"authorization"))
         body = await self._body(scope, receive, send)
         if body is None:
             return
-        if path.startswith(SHADOW_PATHS):  # --shadow URL: that service's own routes
-            await self._forward(scope, body, receive, send, None, self.shadow_url or "", keep_token=True)
+        if path.startswith(SHADOW_PATHS):
+            await self._shadow_route(scope, body, receive, send, client)
             return
         turn = None
         if scope["method"] == "POST" and path == CHAT_PATH:
-            turn, body = await self._turn(body, header, scope)
+            turn, body = await self._turn(body, header, scope, client)
         self.in_flight += turn is not None
         try:
             await self._forward(scope, body, receive, send, turn, self.upstream)
@@ -209,7 +211,25 @@ class ProxyApp:
             if not message.get("more_body"):
                 return bytes(body)
 
-    async def _turn(self, body: bytes, header: str | None, scope: Scope) -> tuple[Turn | None, bytes]:
+    async def _shadow_route(self, scope: Scope, body: bytes, receive: Receive, send: Send, client: str) -> None:
+        """The shadow's own routes, scoped to the client (``scope.py``): a session another engine key's
+        conversation started is unknown to it (404), and left out of the status it reads."""
+        session = self.scope.named(scope, body)
+        refused = self.scope.refusal(scope, session, client)
+        if refused is not None:
+            await problem(send, *refused)
+            return
+        if scope["method"] == "DELETE" and session is not None:
+            # before the answer: a client that reads it finds the session gone from the table too
+            self.sessions.forget(session)
+        send = self.scope.filtered(scope, send, client)
+        if self.shadow_app is not None:
+            await self.shadow_app(scope, _replay(body, receive), send)
+        else:  # --shadow URL: that service's own routes
+            await self._forward(scope, body, receive, send, None, self.shadow_url or "", keep_token=True)
+
+    async def _turn(self, body: bytes, header: str | None, scope: Scope,
+                    client: str) -> tuple[ProxyTurn | None, bytes]:
         """The turn to follow (and the body to forward: with the engine's id fields where it gives ids)."""
         try:
             parsed = json.loads(body)
@@ -223,9 +243,10 @@ class ProxyApp:
         stream = parsed.get("stream") is True
         added = engine.ask(parsed, stream)
         fields = engine.stream_fields if stream else engine.whole_fields
-        turn = Turn(self, parsed, header, body,
-                    engine_prompt=bool(fields) and all(parsed.get(f) is True for f in fields))
+        turn = ProxyTurn(self, parsed, header, body,
+                         engine_prompt=bool(fields) and all(parsed.get(f) is True for f in fields), client=client)
         turn.strip = engine.strip if added else None
+        turn.added = added
         return turn, (json.dumps(parsed, ensure_ascii=False).encode() if added else body)
 
     async def _engine(self, scope: Scope) -> Engine:
@@ -259,12 +280,32 @@ class ProxyApp:
             headers.append((TOKEN_HEADER, self.settings.token.encode()))
         return await self.client.send(scope["method"], url, headers, body)
 
-    async def _forward(self, scope: Scope, body: bytes, receive: Receive, send: Send, turn: Turn | None,
+    async def _refused_fields(self, scope: Scope, turn: ProxyTurn, response: Response) -> Response:
+        """The engine refused a request the proxy added its id fields to (400 or 422): the client's own
+        body is sent once more, untouched. Where the engine takes that one, the proxy renders for it
+        from now on (``fallback`` in status, ``engine_fallbacks`` counted, logged)."""
+        refusal = (await response.read())[:300].decode("utf-8", "replace")
+        await response.aclose()
+        again = await self._send(scope, turn.raw, self.upstream, keep_token=False)
+        if 200 <= again.status_code < 300 and self.engine is not None:
+            old = self.engine
+            self.engine = BY_NAME["transformers"]
+            self.fallback = {"engine": old.name, "fields": list(turn.added), "status": response.status_code,
+                             "refusal": refusal, "at": time.time()}
+            self.counts.add("engine_fallbacks")
+            log.warning("the engine refused the id fields %s of --engine %s (%d: %s): rendering prompts from "
+                        "now on", turn.added, old.name, response.status_code, refusal)
+        turn.engine_prompt, turn.strip, turn.added = False, None, []
+        return again
+
+    async def _forward(self, scope: Scope, body: bytes, receive: Receive, send: Send, turn: ProxyTurn | None,
                        base: str, keep_token: bool = False) -> None:
         complete = False
         try:
             try:
                 response = await self._send(scope, body, base, keep_token)
+                if turn is not None and turn.added and response.status_code in (400, 422):
+                    response = await self._refused_fields(scope, turn, response)
             except UpstreamTimeout as err:
                 if turn is not None:
                     self.counts.add("unreachable")
@@ -292,6 +333,7 @@ class ProxyApp:
             recent = len(self._recent)
         out = {"upstream": self.upstream, "engine": self.engine_name, "engine_setting": self.engine_setting,
                "in_flight": self.in_flight,
+               "engine_fallback": self.fallback,
                "shadow": self.shadow_url or "in process", "sessions": self.sessions.status(),
                "retry_s": self.settings.proxy_retry_s, "recent_bodies": recent,
                "max_body_kb": self.settings.proxy_max_body_kb, "counts": self.counts.as_dict()}
@@ -303,6 +345,25 @@ async def _json(send: Send, status: int, out: dict[str, Any]) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    return next((v for k, v in scope["headers"] if k.lower() == name), None)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for an app after the proxy read the request's body: that body, then the client's
+    own messages (its disconnect)."""
+    sent = False
+
+    async def wrapped() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        message: dict[str, Any] = await receive()
+        return message
+    return wrapped
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

@@ -8,13 +8,18 @@ and a metrics exporter reads them through ``ProxyCounts.as_dict()``.
 - ``not_followed``: why a chat completion the engine accepted was not followed as a turn, or why
   its following stopped part way (the bytes kept flowing to the client unchanged), by reason:
   ``undecodable_body``, ``no_messages``, ``render``, ``unparseable_event``, ``shadow_refused``
-  (the shadow refused a feed: a session over ``MAX_SESSION_IDS``, ...), ``shadow_error``.
+  (the shadow refused a feed: a session over ``MAX_SESSION_IDS``, ...), ``shadow_error``,
+  ``no_choice`` (a 2xx answer that ended before any choice: an engine failing inside its stream;
+  no session was touched).
 - ``render_mismatch``: turns whose rendered prompt length differs from the engine's
   ``usage.prompt_tokens`` (or whose ids differ from the engine's own ids).
 - ``engine_ids``: turns fed with the ids the engine returned rather than a render.
 - ``refused_requests``: requests the proxy itself refused, by status (400, 401, 403, 413, 415).
-- ``sessions_new`` / ``sessions_joined``: how a turn found its session; ``sessions_evicted``: sessions
-  the bounded table forgot (least recently used first).
+- ``sessions_new`` / ``sessions_joined`` / ``sessions_branched``: how a turn found its session (a
+  branch: a conversation that parted from another before its latest prompt; ``sessions.py``). The
+  index's own figures (known, evicted) are in the status' ``sessions``.
+- ``engine_fallbacks``: times the engine refused the id fields the proxy added and the proxy fell
+  back to rendering (``app.ProxyApp.fallback`` says when and why).
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class ProxyCounts:
         if key == "turns" and self.metrics is not None:
             for _ in range(n):
                 self.metrics.proxy_turn()
+        if key == "engine_fallbacks" and self.metrics is not None:
+            for _ in range(n):
+                self.metrics.engine_fallback()
 
     def not_followed(self, reason: str) -> None:
         with self._mu:
@@ -67,7 +75,7 @@ class ProxyCounts:
     def as_dict(self) -> dict[str, Any]:
         with self._mu:
             keys = ("turns", "retries", "refused", "unreachable", "render_mismatch", "engine_ids",
-                    "sessions_new", "sessions_joined", "sessions_evicted")
+                    "sessions_new", "sessions_joined", "sessions_branched", "engine_fallbacks")
             return {**{k: self._n[k] for k in keys},
                     "not_followed": dict(self._not_followed),
                     "refused_requests": {str(k): v for k, v in sorted(self._refused_requests.items())},

@@ -15,6 +15,12 @@ successive rounds agree on are fed. While a tool call's arguments are partial JS
 The finished reply feeds the rest.
 Where a later render parts from what was fed (a rare BPE merge across a delta), nothing more is
 fed: the next turn's prompt comparison settles the difference through the usual rollback.
+
+An engine without a reasoning parser (llama.cpp, vLLM without ``--reasoning-parser``) streams
+Qwen's thought as plain ``content``, its ``</think>`` included. Until that ``</think>`` comes, the
+template would render the text as an answer after an empty ``<think></think>`` that the engine
+never generated: so nothing is fed while such a reply is still in its thought, and a reply cut
+there by ``max_tokens`` is fed as exactly its text.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class OutputIds:
         self.parted = False
         self._last: list[int] | None = None
         self._growing: str | None = None
+        self._head: str | None = None
 
     # ---- what arrives ----------------------------------------------------------------------------
 
@@ -88,9 +95,20 @@ class OutputIds:
             msg["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         return msg
 
+    def _generation_prompt(self) -> str:
+        if self._head is None:
+            self._head = render([_PLACEHOLDER_USER], None, True, self.enable_thinking)
+        return self._head
+
+    def _thought_in_content(self) -> bool:
+        """The reply so far is thought the engine streams as ``content`` (no reasoning field, the
+        generation prompt opens ``<think>`` and no ``</think>`` came yet)."""
+        return (not self.reasoning and self.enable_thinking is not False and bool(self.content)
+                and self._generation_prompt().endswith("<think>\n") and "</think>" not in "".join(self.content))
+
     def _render(self, marker: str = "", hold: int = HOLD_BACK) -> list[int] | None:
         try:
-            head = render([_PLACEHOLDER_USER], None, True, self.enable_thinking)
+            head = self._generation_prompt()
             alone = render([_PLACEHOLDER_USER, self._message(marker)], None, False, self.enable_thinking)
         except Exception:  # a tool call's arguments still partial JSON: wait for more
             return None
@@ -116,7 +134,7 @@ class OutputIds:
         """The ids this round adds that no later delta can change."""
         if self.upstream_ids is not None:
             return self._take(list(self.upstream_ids))
-        if self._growing not in ("reasoning", "content"):
+        if self._growing not in ("reasoning", "content") or self._thought_in_content():
             return []
         now = self._render(MARKER)
         if now is None:
@@ -137,6 +155,8 @@ class OutputIds:
         if cut:
             if self._growing not in ("reasoning", "content"):
                 return []
+            if self._thought_in_content():  # the text as it came: no ``</think>`` closes it
+                return self._take(self.tokens.encode("".join(self.content)))
             now = self._render(MARKER, hold=0)
             return self._take(now) if now is not None else []
         now = self._render()

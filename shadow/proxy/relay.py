@@ -4,7 +4,7 @@ The bytes go to the client as the engine sent them (``Response.chunks``: not eve
 is undone), each chunk before the proxy reads it. Only what the proxy itself asked the engine for
 (its token id fields, ``engines.py``) is taken out again: those events, or that whole body, are
 re-serialised without it. Reading never stops the bytes: an event or body the proxy cannot parse,
-or anything the turn raises, ends the following of the turn (``Turn.stop``), and the relay goes on.
+or anything the turn raises, ends the following of the turn (``ProxyTurn.stop``), and the relay goes on.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import anyio
 import httpx
 from anyio.streams.memory import MemoryObjectSendStream
 
-from .turn import Turn, Unparseable
+from .turn import ProxyTurn, Unparseable
 from .upstream import Response, UpstreamError
 
 log = logging.getLogger("shadow.proxy")
@@ -61,7 +61,7 @@ class Stop:
         self.reason, self.err = reason, err
 
 
-async def _follow(turn: Turn | None, obj: Any, key: str) -> None:
+async def _follow(turn: ProxyTurn | None, obj: Any, key: str) -> None:
     if turn is None or turn.stopped or obj is None:
         return
     if isinstance(obj, Stop):
@@ -83,13 +83,13 @@ def _parsed(read: Any) -> Any:
         return Stop("unparseable_event", err)
 
 
-async def relay(response: Response, receive: Receive, send: Send, turn: Turn | None) -> bool:
+async def relay(response: Response, receive: Receive, send: Send, turn: ProxyTurn | None) -> bool:
     """Pass the response on; True when the upstream finished it and the client got all of it.
 
     The turn follows in a task of its own, from a queue of what was parsed: the bytes never wait for
     the shadow (its barrier, its ration's reads), and the render (CPU work that would compete with
     the relay for the interpreter) starts once the first bytes went out. The relay returns once the
-    turn has caught up (then ``Turn.finish``)."""
+    turn has caught up (then ``ProxyTurn.finish``)."""
     queue_in, queue_out = anyio.create_memory_object_stream[tuple[Any, str]](max_buffer_size=math.inf)
     first = anyio.Event()  # the first bytes went to the client: the render may start
 
@@ -113,7 +113,7 @@ async def relay(response: Response, receive: Receive, send: Send, turn: Turn | N
     return complete
 
 
-async def _pass(response: Response, receive: Receive, send: Send, turn: Turn | None,
+async def _pass(response: Response, receive: Receive, send: Send, turn: ProxyTurn | None,
                 queue: MemoryObjectSendStream[tuple[Any, str]], first: anyio.Event) -> bool:
     headers = [(k, v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP]
     streaming = response.header("content-type").startswith("text/event-stream")

@@ -1,63 +1,55 @@
 """Which session a chat request belongs to, when the client does not say, found in O(prompt).
 
-The rule (also in the README): the ``X-Session-Id`` header names the session when the client sends
-it. Otherwise, in this order:
+The rule (docs/proxy.md): the ``X-Session-Id`` header names the session when the client sends it.
+Otherwise, among the sessions found without a header *for the same client* (its ``Authorization``,
+as a digest: another engine key never joins them), in this order:
 
 1. **A continuation.** The request joins the known session whose last prompt it contains, up to
    that prompt's generation prompt (the final ``<|im_start|>assistant``: the reply after it is
    rendered again in the next prompt, where a template may drop its thinking), whatever its
    length. A short chat's turns are therefore one session. Of several, the one with the longest
    such prompt, then the most recently used.
-2. **A rollback.** Else it joins the most recently used session that shares at least one chunk
-   (the grid) with it, and whose whole first prompt (system, tools, first user message) it shares
-   too: a conversation whose history was cut or edited. A new conversation that only shares a
-   system prompt and tool list with another starts its own session.
-3. Else a new session ``proxy-N`` starts.
+2. **A branch.** Else, when it shares at least one chunk (the grid) and the whole first prompt
+   (system, tools, first user message) with a known session, it is that conversation parted
+   before the session's latest prompt: parallel rollouts of one task, or a history cut or edited.
+   It starts a session of its own (``branched``) rather than rolling the other one back, so two
+   conversations that part never take turns on one state.
+3. Else a new session starts.
+
+A new session's name is derived from its first prompt and its client (``proxy-`` and a digest),
+with ``-2``, ``-3``... where conversations with the same first prompt part: so it never collides
+with a name another conversation left parked before a restart, and a restarted proxy reading its
+index again (``index.py``) gives each conversation the name it had.
 
 How it is found without scanning every session, as engines index prefix blocks: each session is
 indexed by the hash chain of its grid-aligned prefixes (block ``j``'s hash covers the first
 ``(j+1) * grid`` ids), and by the chain at the block where its last prompt's generation prompt falls
 (rule 1's key). A prompt's chain is hashed once (O(prompt)); rule 1 looks up the prompt's chain at
-each block and checks the few candidates' last partial block id for id; rule 2 looks up the
-deepest block the prompt shares with any session. The table is bounded (``QWEN38_SHADOW_PROXY_MAX_SESSIONS``),
-least recently used first out; ``forget`` drops a session (the proxy calls it on ``DELETE``).
+each block and checks the few candidates' last partial block id for id; rule 2 counts the holders
+of each of the prompt's blocks and checks the most recent few of the deepest held one. The index is bounded
+(``QWEN38_SHADOW_PROXY_MAX_SESSIONS``), least recently used first out; ``forget`` drops a session
+(the proxy calls it on ``DELETE``).
 
-Nothing here changes until ``record``: a request the engine refuses leaves the table as it was.
+Nothing here changes until ``record``: a request the engine refuses leaves the index as it was.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
-import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shadow.adapters.tokens import IM_START
 from shadow.core.session import first_difference, int32_ids, int32_or_none
 
+from .index import ROOT, LocalIndex, Meta, SessionIndex, chain
+
 SESSION_HEADER = "x-session-id"
-ROOT = b"shadow-proxy-root"
-ROLLBACK_CANDIDATES = 4  # sessions of the deepest shared block whose first prompt is checked
+BRANCH_CANDIDATES = 4  # sessions of the deepest shared block whose first prompt is checked
+MAX_SUFFIX = 10_000
 
-
-def chain(ids: Sequence[int], grid: int, start: bytes = ROOT, skip: int = 0) -> list[bytes]:
-    """The hash of each whole grid block of ``ids`` chained to all before it (block ``skip`` on,
-    ``start`` being the chain before it)."""
-    part = ids[skip * grid: len(ids) // grid * grid]
-    # a known session's int32 ids hash as their uint32 array would, without an int object per id
-    # (the proxy takes no negative id)
-    raw = memoryview(part if isinstance(part, array) and part.typecode == "i" else array("I", part)).cast("B")
-    step = 4 * grid
-    out, h = [], start
-    for at in range(0, len(raw), step):
-        d = hashlib.blake2b(h, digest_size=16)
-        d.update(raw[at: at + step])
-        h = d.digest()
-        out.append(h)
-    return out
+__all__ = ["SESSION_HEADER", "Found", "Sessions", "before_generation", "client_of"]
 
 
 def before_generation(prompt: Sequence[int]) -> int:
@@ -68,17 +60,11 @@ def before_generation(prompt: Sequence[int]) -> int:
     return len(prompt)
 
 
-@dataclass
-class _Known:
-    first_prompt: int  # ids before the first prompt's generation prompt
-    last_prompt: int  # ids before the last prompt's generation prompt
-    ids: array[int] = field(default_factory=lambda: array("i"))  # int32: held as long as the session is known
-    blocks: list[bytes] = field(default_factory=list)  # chain of ids' whole blocks
-    used: int = 0  # when last recorded or extended, on the table's own counter
-
-    def key(self, grid: int) -> bytes:
-        j = self.last_prompt // grid
-        return self.blocks[j - 1] if j else ROOT
+def client_of(authorization: bytes | None) -> str:
+    """A client's digest: of its ``Authorization`` (the engine key), "" without one."""
+    if not authorization:
+        return ""
+    return hashlib.blake2b(authorization, digest_size=8, person=b"shadow-client").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -86,147 +72,133 @@ class Found:
     """Where a prompt goes: ``name`` None for a new session; ``how`` says which rule."""
 
     name: str | None
-    how: str  # "header", "continued", "rolled back", "new"
+    how: str  # "header", "continued", "branched", "new" (the proxy adds "retried")
     blocks: list[bytes]
+    parent: str | None = None  # a branch: the session it parted from
 
 
 class Sessions:
-    def __init__(self, grid: int, limit: int = 1024) -> None:
+    """The rules over an index (``index.SessionIndex``), which holds the sessions."""
+
+    def __init__(self, grid: int, limit: int = 1024, index: SessionIndex | None = None) -> None:
         self.grid = grid
-        self.limit = limit
-        self.evicted = 0
-        self._known: OrderedDict[str, _Known] = OrderedDict()  # least recently used first
-        self._by_block: dict[bytes, dict[str, None]] = {}
-        self._by_key: dict[bytes, dict[str, None]] = {}
-        self._mu = threading.Lock()
-        self._n = itertools.count(1)
-        self._clock = itertools.count(1)
+        self.index: SessionIndex = index if index is not None else LocalIndex(grid, limit)
+        self.limit = self.index.limit
 
     # ---- finding (nothing changes) ---------------------------------------------------------------
 
-    def find(self, prompt: Sequence[int], header: str | None) -> Found:
+    def find(self, prompt: Sequence[int], header: str | None, client: str = "") -> Found:
         blocks = chain(prompt, self.grid)
         if header is not None:
             return Found(header, "header", blocks)
         ids = int32_or_none(prompt)  # compared with the sessions' ids, array to array
         if ids is None:  # past int32: no session holds such ids (``record`` takes int32 only)
             return Found(None, "new", blocks)
-        with self._mu:
-            name = self._continued(ids, blocks)
-            if name is not None:
-                return Found(name, "continued", blocks)
-            name = self._rolled_back(ids, blocks)
-        return Found(name, "rolled back" if name is not None else "new", blocks)
+        name = self._continued(ids, blocks, client)
+        if name is not None:
+            return Found(name, "continued", blocks)
+        parent = self._parted(ids, blocks, client)
+        return Found(None, "branched" if parent is not None else "new", blocks, parent)
 
-    def _continued(self, prompt: array[int], blocks: list[bytes]) -> str | None:
+    def _ours(self, names: list[str], client: str) -> list[tuple[str, Meta]]:
+        """Those of ``names`` this client's requests may join: found without a header, by it."""
+        return [(n, m) for n, m in zip(names, self.index.metas(names), strict=True)
+                if m is not None and not m.named and m.owner == client]
+
+    def _continued(self, prompt: array[int], blocks: list[bytes], client: str) -> str | None:
         g = self.grid
+        keyed = self.index.keyed([ROOT, *blocks])
         for j in range(len(blocks), -1, -1):
-            names = self._by_key.get(blocks[j - 1] if j else ROOT)
-            if not names:
-                continue
-            best, best_m = None, -1
-            for name in names:
-                k = self._known[name]
+            best, best_m, best_used = None, -1, -1
+            ours = self._ours(keyed[j], client) if keyed[j] else []
+            fit = [(n, k) for n, k in ours if k.last_prompt <= len(prompt)]
+            held = self.index.ids_of([n for n, _ in fit], j * g, [k.last_prompt for _, k in fit])
+            for (name, k), theirs in zip(fit, held, strict=True):
                 m = k.last_prompt
-                newer = m > best_m or best is None or k.used > self._known[best].used
-                if m <= len(prompt) and m >= best_m and newer and prompt[j * g: m] == k.ids[j * g: m]:
-                    best, best_m = name, m
+                better = m > best_m or (m == best_m and k.used > best_used)
+                if better and prompt[j * g: m] == theirs:
+                    best, best_m, best_used = name, m, k.used
             if best is not None:
                 return best
         return None
 
-    def _rolled_back(self, ids: array[int], blocks: list[bytes]) -> str | None:
-        for j in range(len(blocks), 0, -1):
-            names = self._by_block.get(blocks[j - 1])
-            if not names:
-                continue
-            # a session's blocks are indexed anew each time a turn of it is recorded: the last
-            # names of a block are its most recently recorded sessions
-            for name in itertools.islice(reversed(names), ROLLBACK_CANDIDATES):
-                k = self._known[name]
-                n = first_difference(k.ids, ids)
-                if n >= max(self.grid, k.first_prompt):
-                    return name
-            return None
+    def _parted(self, ids: array[int], blocks: list[bytes], client: str) -> str | None:
+        held = self.index.held(blocks)
+        for j in range(len(blocks) - 1, -1, -1):
+            # the deepest block held by any session: this client's most recently used few of them
+            # are checked, looked up a few at a time (a block may be held by a thousand)
+            checked = 0
+            for skip in range(0, held[j], BRANCH_CANDIDATES):
+                for name, k in self._ours(self.index.holders(blocks[j], BRANCH_CANDIDATES, skip), client):
+                    if first_difference(self.index.ids(name), ids) >= max(self.grid, k.first_prompt):
+                        return name
+                    checked += 1
+                    if checked == BRANCH_CANDIDATES:
+                        return None
+            if checked:
+                return None
         return None
 
     # ---- recording (the engine accepted the request) -------------------------------------------
 
-    def new_name(self) -> str:
-        """A name no known session has (``proxy-N``)."""
-        with self._mu:
-            name = f"proxy-{next(self._n)}"
-            while name in self._known:
-                name = f"proxy-{next(self._n)}"
-            return name
+    def new_name(self, prompt: Sequence[int], client: str = "", parent: str | None = None) -> str:
+        """A name no known session has: ``proxy-`` and a digest of the first prompt (up to its
+        generation prompt; a branch's: the one it shares with ``parent``) and the client, then
+        ``-2``, ``-3``... where that one is taken."""
+        meta = self.index.meta(parent) if parent is not None else None
+        head = int32_ids(prompt[:meta.first_prompt if meta is not None else before_generation(prompt)])
+        d = hashlib.blake2b(head.tobytes(), digest_size=10, person=b"shadow-proxy")
+        d.update(client.encode())
+        base = "proxy-" + d.hexdigest()
+        for n in range(1, MAX_SUFFIX):
+            name = base if n == 1 else f"{base}-{n}"
+            if self.index.meta(name) is None:
+                return name
+        raise ValueError(f"{MAX_SUFFIX} conversations with one first prompt: no name left")
 
-    def record(self, name: str, found: Found, prompt: Sequence[int]) -> str:
+    def record(self, name: str, found: Found, prompt: Sequence[int], client: str = "") -> str:
         """The turn started: session ``name`` now holds ``prompt`` (``found``: its blocks)."""
         ids = int32_ids(prompt)  # ValueError before anything changes
-        with self._mu:
-            old = self._known.pop(name, None)
-            if old is not None:
-                self._unindex(name, old)
-            known = _Known(old.first_prompt if old is not None else before_generation(prompt),
-                           before_generation(prompt), ids, list(found.blocks), next(self._clock))
-            self._known[name] = known
-            self._index(name, known, 0)
-            self._by_key.setdefault(known.key(self.grid), {})[name] = None
-            while len(self._known) > self.limit:
-                gone, k = self._known.popitem(last=False)
-                self._unindex(gone, k)
-                self.evicted += 1
-            return name
+        old = self.index.meta(name)
+        first = old.first_prompt if old is not None else before_generation(prompt)
+        owner = old.owner if old is not None else client
+        meta = Meta(first, before_generation(prompt), owner, found.how == "header" or (old is not None and old.named))
+        self.index.put(name, meta, ids, list(found.blocks))
+        return name
 
     def extend(self, name: str, ids: Sequence[int]) -> None:
         """Output ids fed to ``name``: the next prompt of the conversation starts with them."""
         more = int32_ids(ids)  # ValueError before anything changes
-        with self._mu:
-            known = self._known.get(name)
-            if known is None:  # evicted or forgotten meanwhile
-                return
-            self._known.move_to_end(name)
-            known.used = next(self._clock)
-            had = len(known.blocks)
-            known.ids.extend(more)
-            start = known.blocks[-1] if known.blocks else ROOT
-            known.blocks.extend(chain(known.ids, self.grid, start, skip=had))
-            self._index(name, known, had)
+        meta = self.index.meta(name)
+        if meta is None:  # evicted or forgotten meanwhile
+            return
+        g = self.grid
+        whole = meta.n // g * g
+        tail = self.index.ids(name, whole) + more
+        self.index.append(name, more, chain(tail, g, meta.last_block))
+
+    def settle(self, name: str) -> None:
+        """The session's turn ended: its entry is kept where a restart finds it."""
+        self.index.settle(name)
 
     def forget(self, name: str) -> bool:
-        with self._mu:
-            known = self._known.pop(name, None)
-            if known is not None:
-                self._unindex(name, known)
-            return known is not None
-
-    def _index(self, name: str, known: _Known, start: int) -> None:
-        for h in known.blocks[start:]:
-            self._by_block.setdefault(h, {})[name] = None
-
-    def _unindex(self, name: str, known: _Known) -> None:
-        for table, keys in ((self._by_block, known.blocks), (self._by_key, [known.key(self.grid)])):
-            for h in keys:
-                names = table.get(h)
-                if names is not None:
-                    names.pop(name, None)
-                    if not names:
-                        del table[h]
+        return self.index.drop(name)
 
     # ---- reading ---------------------------------------------------------------------------------
 
     def ids(self, name: str) -> list[int]:
-        with self._mu:
-            return list(self._known[name].ids)
+        return list(self.index.ids(name))
 
     def knows(self, name: str) -> bool:
-        with self._mu:
-            return name in self._known
+        return self.index.meta(name) is not None
+
+    def owner(self, name: str) -> tuple[bool, str] | None:
+        """Whether a header named ``name`` and which client owns it; None when unknown."""
+        meta = self.index.meta(name)
+        return None if meta is None else (meta.named, meta.owner)
 
     def names(self) -> list[str]:
-        with self._mu:
-            return list(self._known)
+        return self.index.names()
 
-    def status(self) -> dict[str, int]:
-        with self._mu:
-            return {"known": len(self._known), "limit": self.limit, "evicted": self.evicted}
+    def status(self) -> dict[str, object]:
+        return self.index.status()

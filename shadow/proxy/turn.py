@@ -1,10 +1,12 @@
 """One chat completion followed as a turn of the host interface (``shadow.core.host.Host``).
 
-The turn starts when the engine answers 2xx (``accepted``): ``arrived``, then ``started`` with the
-prompt: the engine's own prompt ids where it returns them (they come with the first event or the
-whole body, so ``started`` waits for them), else the messages rendered with the Qwen3.5 template.
+The turn starts with the engine's first data: the first event of a 2xx stream that carries a
+choice, or a whole 2xx body with one. Then ``arrived``, then ``started`` with the prompt: the
+engine's own prompt ids where it returns them (they come with that event or body), else the
+messages rendered with the Qwen3.5 template (rendered meanwhile, once the first bytes went out).
 Each event then feeds the output ids it settled (``round_ended``), and ``finished`` the rest. A
-request the engine refuses or never answers never gets here: no session changes.
+request the engine refuses or never answers never gets here, and a 2xx stream that ends before any
+choice (an engine failing inside its stream) starts nothing: no session changes (``no_choice``).
 
 Following never touches the bytes: whatever goes wrong here (an event of an unexpected shape, the
 shadow refusing a feed, a session over its limit) ends the following of this turn only. The turn
@@ -94,13 +96,17 @@ def choices(obj: Any, key: str) -> list[dict[str, Any]]:
     return [c for c in got if check_choice(c, key)]
 
 
-class Turn:
+class ProxyTurn:
+    """One chat completion through the proxy, followed as a turn (named apart from the transcripts'
+    ``Turn``): ``client`` is the digest of its ``Authorization`` (``sessions.client_of``)."""
+
     def __init__(self, proxy: ProxyApp, body: dict[str, Any], header: str | None, raw: bytes,
-                 engine_prompt: bool) -> None:
+                 engine_prompt: bool, client: str = "") -> None:
         self.proxy = proxy
         self.host = proxy.host
         self.body = body
         self.header = header
+        self.client = client
         self.raw = raw  # the request's bytes: hashed once the turn starts, off the way to the first byte
         self.engine_prompt = engine_prompt  # the engine returns its prompt ids: start with those
         self.request_id = f"proxy-{uuid.uuid4().hex}"
@@ -113,6 +119,7 @@ class Turn:
         self.session: str | None = None
         self.how = ""
         self.retry = False
+        self.answered = False  # the engine answered 2xx
         self.arrived = False
         self.started = False
         self.first = False
@@ -122,13 +129,15 @@ class Turn:
         self.used_engine_ids = False
         self.mismatch: dict[str, Any] | None = None
         self.strip: Callable[[Any], Any] | None = None  # removes what the proxy asked the engine for
+        self.added: list[str] = []  # the id fields the proxy added to the request
         self.done = anyio.Event()  # set once finished: the session's next turn waits for it
 
     @functools.cached_property
     def fingerprint(self) -> bytes:
-        """The body and the session header: a client's retry of the same request has the same."""
+        """The body, the session header and the client: a client's retry of the same request has the
+        same; another client's identical body does not."""
         h = hashlib.blake2b(self.raw, digest_size=16)
-        h.update(b"\0" + (self.header or "").encode())
+        h.update(b"\0" + (self.header or "").encode() + b"\0" + self.client.encode())
         return h.digest()
 
     # ---- before the engine answers ---------------------------------------------------------------
@@ -168,14 +177,11 @@ class Turn:
     # ---- the engine accepted -------------------------------------------------------------------
 
     async def accepted(self) -> None:
+        """The engine answered 2xx: the render is ready before its first data is followed."""
+        self.answered = True
         await self.rendered.wait()
         if self.render is None and not self.engine_prompt:
             self.stop("render")
-        if self.stopped:
-            return
-        self.arrived = await self._call(self.host.arrived, self.request_id) is not None
-        if self.arrived and not self.engine_prompt:
-            await self._start(self.render or [], engine=False)
 
     async def _start(self, prompt: list[int], engine: bool) -> None:
         if not prompt:
@@ -185,24 +191,26 @@ class Turn:
         if engine and self.render is not None and self.render != prompt:
             self._mismatch(len(prompt), first_difference(self.render, prompt))
         sessions = self.proxy.sessions
-        found = await anyio.to_thread.run_sync(sessions.find, prompt, self.header)
+        found = await anyio.to_thread.run_sync(sessions.find, prompt, self.header, self.client)
         recent = self.proxy.recent_turn(self.fingerprint)
         if recent is not None and self.header is None:
             found = Found(recent, "retried", found.blocks)
         self.retry = recent is not None
-        self.session, self.how = found.name or sessions.new_name(), found.how
-        await self._after_previous(self.session)
+        name: str = found.name if found.name is not None else \
+            await anyio.to_thread.run_sync(sessions.new_name, prompt, self.client, found.parent)
+        self.session, self.how = name, found.how
+        await self._after_previous(name)
         got = await self._call(lambda: self.host.started(self.request_id, self.session or "", ids=prompt))
         if got is None:
             return  # the shadow refused the prompt: the table stays as it was too
-        await anyio.to_thread.run_sync(sessions.record, self.session, found, prompt)
+        await anyio.to_thread.run_sync(sessions.record, name, found, prompt, self.client)
         self.started = True
         self.proxy.remember_turn(self.fingerprint, self.session)
         counts = self.proxy.counts
         counts.add("retries" if self.retry else "turns")
         if engine:
             counts.add("engine_ids")
-        counts.add("sessions_new" if found.how == "new" else "sessions_joined")
+        counts.add({"new": "sessions_new", "branched": "sessions_branched"}.get(found.how, "sessions_joined"))
 
     async def _after_previous(self, session: str) -> None:
         """The session's previous turn through this proxy finishes first (its client may send the next
@@ -225,9 +233,12 @@ class Turn:
             return
         first = choices(obj, key)  # checked before anything is fed
         if not self.started:
-            if not self.arrived or not self.engine_prompt:
+            if not first:  # not the engine's first data yet (a comment, an error, usage alone)
                 return
-            ids = prompt_ids(obj)
+            self.arrived = await self._call(self.host.arrived, self.request_id) is not None
+            if not self.arrived:
+                return
+            ids = prompt_ids(obj) if self.engine_prompt else None
             await self._start(ids if ids is not None else self.render or [], engine=ids is not None)
             if not self.started:
                 return
@@ -268,6 +279,10 @@ class Turn:
                     await self._call(self.host.finished, self.request_id, [])  # closes the turn
             elif self.arrived:
                 await self._call(self.host.finished, self.request_id, [])
+            elif self.answered and self.stopped is None:  # a 2xx answer without a choice: nothing touched
+                self.stop("no_choice")
+            if self.session is not None and self.started:
+                await anyio.to_thread.run_sync(self.proxy.sessions.settle, self.session)
             if self.mismatch is not None:
                 self.proxy.counts.mismatch({**self.mismatch, "session": self.session})
             self._span()

@@ -32,6 +32,7 @@ SAMPLES = {
     "gb": ("2.5", 2.5),
     "disk": ("/nvme/shadow", "/nvme/shadow"),
     "disk_gb": ("12", 12.0),
+    "store": ("redis://redis.lan:6379/0", "redis://redis.lan:6379/0"),
     "narrator_model": ("/models/narrator", "/models/narrator"),
     "narrator": ("on", "on"),
     "narrator_prompt": (str(NARRATOR_PROMPT), str(NARRATOR_PROMPT)),

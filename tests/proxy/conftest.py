@@ -38,9 +38,16 @@ def chat_body(req: Any, stream: bool = True) -> dict[str, Any]:
 
 class Stack:
     def __init__(self, proxy: ProxyApp, upstream: ScriptedUpstream, url: str, upstream_url: str,
-                 spans: Spans) -> None:
+                 spans: Spans, servers: list[BackgroundServer] | None = None) -> None:
         self.proxy, self.upstream, self.url, self.upstream_url = proxy, upstream, url, upstream_url
         self.spans = spans
+        self.servers = servers or []
+
+    def stop(self) -> None:
+        """A planned stop: the proxy and its service (which parks every resident session), then the upstream."""
+        for s in reversed(self.servers):
+            s.stop()
+        self.servers.clear()
 
     @property
     def service(self) -> Any:
@@ -56,9 +63,9 @@ class Stack:
 def stack_of(checkpoint: Path, tmp_path: Path, spans: Spans) -> Iterator[Any]:
     servers: list[BackgroundServer] = []
 
-    def make(transcripts: list[Transcript], engine: str = "transformers", **kw: Any) -> Stack:
+    def make(transcripts: list[Transcript], engine: str = "transformers", strict: bool = False, **kw: Any) -> Stack:
         replies = {key(r.messages): r.response for t in transcripts for r in t.requests}
-        upstream = ScriptedUpstream(replies)
+        upstream = ScriptedUpstream(replies, strict=strict)
         up = BackgroundServer(upstream, lifespan="off")
         up.start()
         servers.append(up)
@@ -68,7 +75,7 @@ def stack_of(checkpoint: Path, tmp_path: Path, spans: Spans) -> Iterator[Any]:
         front.start()
         servers.append(front)
         wait_until(lambda: proxy.host.slot.state == "loaded", "the model to load")
-        return Stack(proxy, upstream, front.url, up.url, spans)
+        return Stack(proxy, upstream, front.url, up.url, spans, [up, front])
 
     yield make
     for s in reversed(servers):
@@ -91,3 +98,53 @@ def exact(stack: Stack, session: str) -> list[int]:
     for name in want:
         assert got[name].equal(want[name]), f"{session}: {name}"
     return ids
+
+
+class RedisServer:
+    def __init__(self, url: str, proc: Any) -> None:
+        self.url, self.proc = url, proc
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real redis-server of its own on a free loopback port (no persistence)."""
+    import shutil
+    import subprocess
+
+    import redis
+
+    from tests.proxy.engine import free_port
+
+    exe = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
+    if exe is None:
+        pytest.skip("redis-server is not installed (.ci/run installs Debian's redis-server)")
+    port = free_port()
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+        wait_until(up, "redis-server to answer", 30.0)
+        client.close()
+        yield RedisServer(url, proc)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(10)

@@ -211,3 +211,33 @@ def test_a_real_engine_behind_the_proxy(shared_data: Path, engine: Engine, stack
     assert tap.headers and all("x-shadow-token" not in h for h in tap.headers)
     assert all(h.get("authorization") == "Bearer sk-upstream" for h in tap.headers if "authorization" in h)
     assert sum("authorization" in h for h in tap.headers) >= 7
+
+
+def test_engine_id_fields_that_transformers_serve_refuses_fall_back_to_rendering(
+        shared_data: Path, engine: Engine, checkpoint: Path, tmp_path: Path) -> None:
+    """``--engine vllm`` in front of ``transformers serve``, which refuses fields it does not know (422
+    "Unexpected fields"): the client's request is sent again untouched, answered, and followed by
+    rendering from then on."""
+    settings = make_settings(checkpoint, tmp_path, idle_poll_s=0.05, idle_window_s=2.0)
+    proxy = create_proxy_app(engine.url, make_container(settings), timeout_s=300.0, engine="vllm")
+    front = BackgroundServer(proxy, server_header=False, date_header=False)
+    front.start()
+    try:
+        wait_until(lambda: proxy.host.slot.state == "loaded", "the model to load")
+        stack = Stack(proxy, None, front.url, engine.url, None)  # type: ignore[arg-type]
+        transcript = load_transcript(shared_data / RAW / TOOLS[0])[TOOLS[1][0]]
+        via, direct, model = _sdk(front.url, max_retries=0), _sdk(engine.url), str(engine.folder)
+        for i, streamed in enumerate((True, False)):
+            req = transcript.requests[i]
+            assert _ask(via, model, req, streamed) == _ask(direct, model, req, streamed), f"turn {i}"
+            stack.idle()
+        (name,) = proxy.sessions.names()
+        assert exact(stack, name) == proxy.sessions.ids(name)
+        fallback = proxy.fallback
+        assert fallback is not None and fallback["engine"] == "vllm" and fallback["status"] == 422
+        assert "return_token_ids" in fallback["refusal"]
+        counts = proxy.counts.as_dict()
+        assert (counts["turns"], counts["engine_fallbacks"], counts["engine_ids"]) == (2, 1, 0)
+        assert metric(proxy, "shadow_proxy_engine_fallbacks") == 1
+    finally:
+        front.stop()

@@ -43,10 +43,32 @@ def test_streamed_text_gives_the_templates_output_ids(shared_data: Path, case: s
         out = OutputIds(None)
         fed, in_rounds = _replay(out, sse_chunks(transcript.requests[k].response))
         assert fed == turn.output_ids, f"{case} turn {k}"
-        assert not out.parted and in_rounds > 0
-    # text is fed as it streams; a tool call waits for its whole JSON arguments
-    if case == "reasoning":
-        assert in_rounds > len(turn.output_ids) // 2
+        assert not out.parted
+        # text is fed as it streams, a tool call waits for its whole JSON arguments; a reply with no
+        # reasoning field, while the template opens <think>, may be thought that an engine without a
+        # reasoning parser streams as content: nothing of it is fed before the end (it is then)
+        held = not out.reasoning and "</think>" not in "".join(out.content)
+        if held:
+            assert in_rounds == 0, f"{case} turn {k}"
+        elif case == "reasoning":
+            assert in_rounds > len(turn.output_ids) // 2, f"{case} turn {k}"
+        else:
+            assert in_rounds > 0, f"{case} turn {k}"
+
+
+@pytest.mark.parametrize("case", sorted(SESSIONS))
+def test_without_thinking_content_is_fed_as_it_streams(shared_data: Path, case: str) -> None:
+    """``enable_thinking: false``: the generation prompt closes the thought, so content alone is the
+    answer and is fed round by round."""
+    path, index = SESSIONS[case]
+    transcript = load_transcript(shared_data / "sessions" / "raw" / path)[index]
+    turns = render_turns(transcript, indices=range(TURNS), enable_thinking=False)
+    for k, turn in enumerate(turns):
+        out = OutputIds(False)
+        fed, in_rounds = _replay(out, sse_chunks(transcript.requests[k].response))
+        assert fed == turn.output_ids and not out.parted, f"{case} turn {k}"
+        if transcript.requests[k].response.get("content"):
+            assert in_rounds > 0, f"{case} turn {k}"
 
 
 def test_upstream_token_ids_are_fed_as_they_come(shared_data: Path) -> None:
@@ -79,3 +101,35 @@ def test_a_reply_cut_by_max_tokens_is_fed_as_the_text_the_engine_returned(cut: s
         "Short thought.\n</think>\n\nThe fix is to change the"
     assert text == want
     assert "<|im_end|>" not in text
+
+
+@pytest.mark.parametrize("thinking", [None, True])
+def test_thought_streamed_as_content_and_cut_is_fed_as_its_text_with_no_closing_tag(thinking: bool | None) -> None:
+    """llama.cpp's way (no reasoning parser): the thought comes as ``content``; cut by ``max_tokens``
+    inside it, the ids fed are the text's, with no ``</think>`` or ``<|im_end|>`` before or after."""
+    out = OutputIds(thinking)
+    text = "The user wants the flush to take no alias. Let me look at the"
+    fed: list[int] = []
+    for i in range(0, len(text), 7):
+        out.add_choice({"index": 0, "delta": {"content": text[i:i + 7]}}, "delta")
+        fed += out.round()
+    assert fed == []  # nothing while it may still be thought
+    fed += out.final(cut=True)
+    assert fed == out.tokens.encode(text) and out.tokens.decode(fed) == text
+    closing = set(out.tokens.encode("</think>")) | set(out.tokens.encode("<|im_end|>"))
+    assert not closing & set(fed)
+
+
+def test_thought_streamed_as_content_is_fed_once_it_closes() -> None:
+    """Once the engine's own ``</think>`` arrives the template renders what it generated: fed round by
+    round from there, and the whole reply as ``render_turns`` would read it."""
+    out = OutputIds(None)
+    text = "Thinking about it.\n</think>\n\nThe answer is to drop the argument from every call site."
+    fed: list[int] = []
+    for i in range(0, len(text), 6):
+        out.add_choice({"index": 0, "delta": {"content": text[i:i + 6]}}, "delta")
+        fed += out.round()
+    in_rounds = len(fed)
+    fed += out.final()
+    assert in_rounds > 0 and not out.parted
+    assert out.tokens.decode(fed) == text + "<|im_end|>"

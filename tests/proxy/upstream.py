@@ -7,7 +7,12 @@ breaks the stream after N chunks (the app raises, uvicorn drops the connection),
 ``x-test-delay: S`` sleeps S seconds between chunks (room for a client to disconnect),
 ``x-test-status: N`` refuses the chat completion with status N, ``x-test-fail-first: N`` answers the
 first N requests of a conversation with 502, and ``x-test-inject: NAME`` streams the event
-``inject[NAME]`` after the first ``INJECT_AT`` chunks. Besides the chat route, ``/v1/models`` answers
+``inject[NAME]`` after the first ``INJECT_AT`` chunks. As llama-cpp-python did: ``x-test-empty: 1``
+answers ``200 text/event-stream`` and then ends with no event, ``x-test-error-event: 1`` with one
+choice-less error event; ``x-test-as-content: N`` streams the reply's reasoning as plain ``content``
+(no reasoning parser) and cuts it after N characters (``finish_reason: length``). With ``strict``
+the upstream refuses fields OpenAI's chat completion does not have, as ``transformers serve``
+does (422 "Unexpected fields"). Besides the chat route, ``/v1/models`` answers
 ``MODELS``, ``/v1/moved`` answers 307 (to ``/v1/models``) and any other path echoes the request (418).
 Every request's headers are kept (``headers``; as they came, repeats included, in ``raw_headers``).
 """
@@ -75,9 +80,24 @@ async def read_body(receive: Any) -> bytes:
         if not m.get("more_body"):
             return bytes(body)
 
+OPENAI_FIELDS = {"model", "messages", "stream", "tools", "tool_choice", "temperature", "top_p", "max_tokens",
+                 "max_completion_tokens", "stop", "n", "seed", "stream_options", "chat_template_kwargs", "user"}
+
+
+def as_content(response: dict[str, Any], cut: int) -> list[bytes]:
+    """The reply's reasoning streamed as ``content`` (an engine without a reasoning parser), cut by
+    ``max_tokens`` after ``cut`` characters."""
+    text = (response.get("reasoning_content") or "")[:cut]
+    return sse_chunks({"role": "assistant", "content": text})[:-2] + [
+        b"data: " + json.dumps({"id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 0,
+                                "model": "qwen", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]
+                                }).encode() + b"\n\n", b"data: [DONE]\n\n"]
+
+
 class ScriptedUpstream:
-    def __init__(self, replies: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, replies: dict[str, dict[str, Any]], strict: bool = False) -> None:
         self.replies = replies
+        self.strict = strict
         self.requests: list[tuple[str, str, bytes]] = []
         self.headers: list[dict[str, str]] = []
         self.raw_headers: list[list[tuple[bytes, bytes]]] = []
@@ -111,6 +131,11 @@ class ScriptedUpstream:
         except (ValueError, RecursionError, KeyError, TypeError):
             await _send(send, 400, [(b"content-type", b"application/json")], [b'{"error":"bad body"}'])
             return
+        unexpected = set(req) - OPENAI_FIELDS if isinstance(req, dict) else set()
+        if self.strict and unexpected:
+            detail = json.dumps({"detail": f"Unexpected fields: {unexpected}"}).encode()
+            await _send(send, 422, [(b"content-type", b"application/json")], [detail])
+            return
         if "x-test-status" in headers:
             await _send(send, int(headers["x-test-status"]), [(b"content-type", b"application/json")],
                         [b'{"error":"refused"}'])
@@ -131,6 +156,12 @@ class ScriptedUpstream:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
         chunks = sse_chunks(reply)
+        if "x-test-empty" in headers:
+            chunks = []
+        if "x-test-error-event" in headers:
+            chunks = [b'data: {"error":{"message":"the template failed","type":"server_error"}}\n\n']
+        if "x-test-as-content" in headers:
+            chunks = as_content(reply, int(headers["x-test-as-content"]))
         if "x-test-inject" in headers:
             chunks.insert(INJECT_AT, self.inject[headers["x-test-inject"]])
         for i, c in enumerate(chunks):
