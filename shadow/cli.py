@@ -187,8 +187,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     """The running service's status as a table (``--url``; the token from the settings)."""
     import httpx
 
-    from shadow.api.app import BASE
     from shadow.api.client import ShadowClient, ShadowHTTPError
+    from shadow.api.paths import BASE
     from shadow.core.errors import ShadowError
     from shadow.core.settings import ShadowSettings
 

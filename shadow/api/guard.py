@@ -35,7 +35,8 @@ import msgspec
 
 from shadow.core.settings import ShadowSettings
 
-from .operators import ASSET_PATHS, BASE, LOGIN_PATH, OPERATOR_PATHS, PAGE_PATHS, PAGE_READS, TOKEN_COOKIE
+from .operators import ASSET_PATHS, LOGIN_PATH, OPERATOR_PATHS, PAGE_PATHS, PAGE_READS, TOKEN_COOKIE
+from .paths import BASE
 from .responses import Problem
 from .server import is_loopback
 

@@ -27,7 +27,6 @@ from litestar.template.config import TemplateConfig
 from msgspec import Struct
 
 from shadow.adapters.metrics import CONTENT_TYPE, Metrics
-from shadow.adapters.records import Status
 from shadow.adapters.service import ShadowService
 
 from .paths import BASE

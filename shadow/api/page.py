@@ -30,10 +30,11 @@ from litestar.datastructures import Cookie
 from litestar.response import Template
 
 from shadow.adapters.logs import runs_on
+from shadow.adapters.records import Status
 from shadow.adapters.service import ShadowService
-from shadow.adapters.status import Status
 
-from .operators import ASSETS, BASE, COOKIE_PATH, LOGIN_PATH, PAGE_PATHS, TEMPLATES, TOKEN_COOKIE
+from .operators import ASSETS, COOKIE_PATH, LOGIN_PATH, PAGE_PATHS, TEMPLATES, TOKEN_COOKIE
+from .paths import BASE
 
 
 def _mb(n: float | None) -> str:
