@@ -48,21 +48,6 @@ def add_flags(parser: argparse.ArgumentParser, serve: bool) -> None:
                                  "instead of exiting 1")
 
 
-class QuietProbes(logging.Filter):
-    """Drops uvicorn's access lines for probes and scrapes (their path, less any query)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        from .operators import OPERATOR_PATHS
-
-        self.paths = OPERATOR_PATHS | {"/v1/conductor/proxy/health"}  # the proxy's liveness too
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        path = str(args[2]).split("?", 1)[0] if len(args) > 2 else ""
-        return path not in self.paths
-
-
 def setup_logging(level: str) -> None:
     """shadow's own loggers to stderr, one line each (uvicorn configures only its own)."""
     logger = logging.getLogger("shadow")

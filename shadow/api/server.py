@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from .operators import OPERATOR_PATHS
 
 
 def is_loopback(host: str) -> bool:
@@ -67,17 +70,27 @@ def _server(app: Any, on_exit: Callable[[], None] | None, stop_when: Callable[[]
     return Server(uvicorn.Config(app, **config))
 
 
+class QuietProbes(logging.Filter):
+    """Drops uvicorn's access lines for probes and scrapes (their path, less any query)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths = OPERATOR_PATHS | {"/v1/conductor/proxy/health"}  # the proxy's liveness too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        path = str(args[2]).split("?", 1)[0] if len(args) > 2 else ""
+        return path not in self.paths
+
+
+
 def serve(app: Any, host: str, port: int, log_level: str = "info", on_exit: Callable[[], None] | None = None,
           stop_when: Callable[[], bool] | None = None, quiet_paths: bool = False, **config: Any) -> None:
     """uvicorn in the foreground until interrupted, or until ``stop_when()`` says so; ``quiet_paths``:
-    probes and scrapes stay out of the access log (``shadow.api.launch.QuietProbes``)."""
+    probes and scrapes stay out of the access log (``QuietProbes``)."""
     server = _server(app, on_exit, stop_when, **{"host": host, "port": port, "log_level": log_level,
                                                  "lifespan": "on", **config})
     if quiet_paths:  # after uvicorn.Config, which configures its loggers
-        import logging
-
-        from .launch import QuietProbes
-
         access = logging.getLogger("uvicorn.access")
         if not any(isinstance(f, QuietProbes) for f in access.filters):
             access.addFilter(QuietProbes())

@@ -45,7 +45,7 @@ from shadow.core.scheduling import NullTelemetry, Telemetry
 
 from .counts import ProxyCounts
 from .engines import BY_NAME, ENGINES, Engine, from_models
-from .index import open_index
+from .indexes import open_index
 from .relay import relay
 from .scope import SessionScope
 from .sessions import SESSION_HEADER, Sessions, client_of

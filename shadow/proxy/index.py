@@ -6,7 +6,7 @@ and last prompts' generation prompts fall, the client that owns it and whether a
 Two lookups serve the rules: sessions by the chain hash at their last prompt (``keyed``) and by any
 of their blocks (``held``, ``holders``: most recently used first).
 
-Two implementations behind ``SessionIndex``, chosen by ``QWEN38_SHADOW_STORE`` (``open_index``):
+Two implementations behind ``SessionIndex``, chosen by ``QWEN38_SHADOW_STORE`` (``indexes.open_index``):
 
 - ``LocalIndex``: in memory, each entry also written to a file of its own under the disk folder
   (fsync and atomic rename) when its turn starts and when it ends, and read back at start, so a
@@ -333,38 +333,3 @@ class LocalIndex:
         with self._mu:
             for name in list(self._dirty):
                 self._write(name)
-
-
-def index_folder(settings: Any) -> Path | None:
-    """Where ``LocalIndex`` keeps its files: beside the parked sessions (``DISK``), one folder a grid."""
-    from shadow.container import DEFAULT_DISK, DISK_OFF
-
-    disk = str(settings.disk).strip()
-    if disk.lower() in DISK_OFF:
-        return None
-    root = Path(DEFAULT_DISK if disk == "auto" else disk).expanduser()
-    return root / "proxy-index" / f"grid-{settings.grid}"
-
-
-def open_index(settings: Any) -> SessionIndex:
-    """The index ``QWEN38_SHADOW_STORE`` names: a ``redis://`` or ``rediss://`` URL keeps it in that
-    Redis; empty keeps it here (on disk under ``DISK``, in memory when ``DISK`` is off)."""
-    store = str(getattr(settings, "store", "") or "").strip()
-    scheme = store.split("://", 1)[0].lower() if "://" in store else ""
-    opener = INDEXES.get(scheme)
-    if opener is None:
-        raise ValueError(f"QWEN38_SHADOW_STORE={store!r}: the proxy's index takes redis:// or rediss:// (or empty)")
-    return opener(settings)
-
-
-def _local(settings: Any) -> SessionIndex:
-    return LocalIndex(settings.grid, settings.proxy_max_sessions, index_folder(settings))
-
-
-def _redis(settings: Any) -> SessionIndex:
-    from .redis_index import RedisIndex
-
-    return RedisIndex.from_url(settings.store, settings.grid, settings.proxy_max_sessions)
-
-
-INDEXES = {"": _local, "redis": _redis, "rediss": _redis}

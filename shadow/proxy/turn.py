@@ -21,21 +21,39 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
 
 from shadow.adapters.chat import render_ids
 from shadow.core.errors import BadInput
+from shadow.core.host import Host
+from shadow.core.protocols import Telemetry
 from shadow.core.session import first_difference
 
+from .counts import ProxyCounts
 from .engines import prompt_ids, usage_prompt_tokens
 from .output import OutputIds
-from .sessions import Found
+from .sessions import Found, Sessions
 
-if TYPE_CHECKING:
-    from .app import ProxyApp
+
+class TurnsOwner(Protocol):
+    """What a turn needs of the proxy that follows it (``app.ProxyApp`` is one): the host interface,
+    the session table, the counts and spans, and the turns it has open."""
+
+    host: Host
+    sessions: Sessions
+    counts: ProxyCounts
+    telemetry: Telemetry
+    open_turns: dict[str, anyio.Event]
+
+    @property
+    def engine_name(self) -> str: ...
+
+    def recent_turn(self, fingerprint: bytes) -> str | None: ...
+
+    def remember_turn(self, fingerprint: bytes, session: str | None) -> None: ...
 
 log = logging.getLogger("shadow.proxy")
 ORDER_WAIT_S = 30.0
@@ -100,7 +118,7 @@ class ProxyTurn:
     """One chat completion through the proxy, followed as a turn (named apart from the transcripts'
     ``Turn``): ``client`` is the digest of its ``Authorization`` (``sessions.client_of``)."""
 
-    def __init__(self, proxy: ProxyApp, body: dict[str, Any], header: str | None, raw: bytes,
+    def __init__(self, proxy: TurnsOwner, body: dict[str, Any], header: str | None, raw: bytes,
                  engine_prompt: bool, client: str = "") -> None:
         self.proxy = proxy
         self.host = proxy.host

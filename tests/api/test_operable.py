@@ -23,9 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
 from shadow.api.client import ShadowClient
 from shadow.api.launch import server_config
+from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer
 from shadow.api.terminal import printable
 from shadow.cli import main

@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from shadow.adapters.timeline import replay_timeline
 from shadow.adapters.transcripts import demo_transcript, render_turns
 from shadow.api.app import create_app
-from shadow.api.operators import BASE as OPERATORS_BASE
 from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer
 from tests.conftest import FakeClock, make_container, make_settings
@@ -64,7 +63,6 @@ def sample(families: dict[str, Any], name: str, suffix: str = "", **labels: str)
 
 
 def test_the_operators_paths_are_in_the_openapi_document(checkpoint: Path, tmp_path: Path) -> None:
-    assert OPERATORS_BASE == BASE
     c = make_container(make_settings(checkpoint, tmp_path))
     with TestClient(create_app(c, start_idle_loop=False), base_url=LOCAL) as client:
         paths = client.get("/schema/openapi.json").json()["paths"]

@@ -14,7 +14,7 @@ import httpx
 
 from shadow.adapters.transcripts import render_turns
 from shadow.adapters.transcripts.model import Transcript
-from shadow.api.app import BASE
+from shadow.api.paths import BASE
 from shadow.core.session import first_difference
 from tests.proxy.conftest import REASONING, TOOLS, chat_body, exact, session_of, stream_chat
 from tests.proxy.test_proxy import metric

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
+from shadow.api.paths import BASE
 from shadow.api.server import BackgroundServer
 from shadow.cli import main
 from shadow.proxy import create_proxy_app

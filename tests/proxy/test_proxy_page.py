@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shadow.api.app import BASE
+from shadow.api.paths import BASE
 from tests.api.browser import Browser, find
 
 TOKEN = "s3cret"
