@@ -95,6 +95,7 @@ def test_kill_9_of_a_holder_of_20_sessions_every_next_turn_exact_on_the_other(ck
     b.close()
 
 
+@pytest.mark.slow
 def test_sigstop_past_the_lease_then_sigcont_parks_nothing_stale(ckpt, tmp_path, redis_node):
     a = Instance(ckpt, tmp_path / "a", redis_node.url, "A", lease_s=1.0)
     b = make(ckpt, tmp_path / "b", redis_node.url, "B", lease_s=1.0)

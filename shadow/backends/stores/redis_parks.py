@@ -130,6 +130,7 @@ class Manifest:
     session: str
     gen: int
     epoch: int
+    holder: str  # "<instance>:<epoch>" of the instance that made the park
     checksum: str  # the parked file's own checksum (parked.py): the park's identity
     identity: dict[str, str]  # format, weights hash, grid, dtype of the park
     size: int  # the file's bytes
@@ -138,8 +139,9 @@ class Manifest:
 
     def dumps(self) -> str:
         return json.dumps({"version": MANIFEST_VERSION, "session": self.session, "gen": self.gen,
-                           "epoch": self.epoch, "checksum": self.checksum, "identity": self.identity,
-                           "size": self.size, "parts": [list(p) for p in self.parts], "parked_at": self.parked_at})
+                           "epoch": self.epoch, "holder": self.holder, "checksum": self.checksum,
+                           "identity": self.identity, "size": self.size, "parts": [list(p) for p in self.parts],
+                           "parked_at": self.parked_at})
 
     @classmethod
     def loads(cls, raw: bytes | str, session: str) -> Manifest:
@@ -151,7 +153,7 @@ class Manifest:
             if d.get("version") != MANIFEST_VERSION:
                 raise ValueError(f"version {str(d.get('version'))[:40]!r}")
             parts = tuple((int(n), str(h)) for n, h in d["parts"])
-            m = cls(str(d["session"]), int(d["gen"]), int(d["epoch"]), str(d["checksum"]),
+            m = cls(str(d["session"]), int(d["gen"]), int(d["epoch"]), str(d["holder"]), str(d["checksum"]),
                     {str(k): str(v) for k, v in d["identity"].items()}, int(d["size"]), parts, float(d["parked_at"]))
             if m.session != session:
                 raise ValueError(f"it names session {m.session[:80]!r}")
@@ -189,7 +191,8 @@ class RedisParks:
                 while chunk := f.read(self.part_bytes):
                     self.client.set(k.part(session, gen, len(parts)), chunk, px=self.ttl_ms)
                     parts.append((len(chunk), hashlib.sha256(chunk).hexdigest()))
-            m = Manifest(session, gen, epoch, checksum, identity, sum(n for n, _ in parts), tuple(parts), time.time())
+            m = Manifest(session, gen, epoch, holder, checksum, identity, sum(n for n, _ in parts), tuple(parts),
+                         time.time())
             ok, old = self._switch(keys=[k.manifest(session), k.epoch(session), k.lease(session)],
                                    args=[m.dumps(), epoch, holder, self.ttl_ms, lease_ms])
         except BaseException:

@@ -3,15 +3,16 @@
 A park writes the local file (DiskStore, as without a store), then sends the same bytes to Redis
 under the session's lease epoch (redis_parks.py); a park the store refuses as stale (a newer holder)
 raises ``LeaseLost`` and its local file goes too. A store that cannot be reached leaves the park on
-the local disk only (counted, the status says so). A session not resident here with no lease held
-(unshared) parks locally only.
+the local disk only (counted, the status says so). A session held with no lease (unshared: taken while the
+store was down) parks locally only.
 
 A restore takes the local file when it is the store's current park, or when no other instance
-parked the session since this one last held it (the store's manifest of an epoch at or below this
-instance's last), or when the store holds nothing or cannot be reached; otherwise it assembles the
-store's parts into a temporary file in the disk's folder, renames it in and loads it through
-DiskStore's own checks, so that whatever guards a local file (identity, checksum, bounds, the
-session's name) guards what came from Redis as well. A park refused on reading is counted by reason,
+parked the session since this one last held it (the store's park is this instance's own, of an
+epoch it held: a store restarted empty hands out epochs again, so the epoch alone does not say),
+or when the store holds nothing or cannot be reached; otherwise it assembles the store's parts
+into a temporary file in the disk's folder, renames it in and loads it through DiskStore's own
+checks, so that whatever guards a local file (identity, checksum, bounds, the session's name)
+guards what came from Redis as well. A park refused on reading is counted by reason,
 deleted from the store (under the lease: the reader holds the session), and the session read again.
 """
 
@@ -85,7 +86,7 @@ class TieredStore:
         except Exception as e:  # down: the local park, if any (followed unshared)
             self.leases.trouble(e)
             return self.disk.peek(name) if local is not None else None
-        if local is not None and (m is None or m.checksum == local[1] or m.epoch <= self.leases.last_epoch(name)):
+        if local is not None and (m is None or m.checksum == local[1] or self._ours(m, name)):
             got = self.disk.peek(name)
             if got is not None or m is None:
                 return got
@@ -111,6 +112,12 @@ class TieredStore:
 
     def close(self) -> None:
         self.disk.close()
+
+    def _ours(self, m: Manifest, name: str) -> bool:
+        """The store's park is this instance's own, made under an epoch it held: nobody parked the
+        session since, so the local file (the last park made here, sent or not) is at least as new."""
+        instance = m.holder.rpartition(":")[0]
+        return instance == self.leases.instance and m.epoch <= self.leases.last_epoch(name)
 
     # ---- from the store ----------------------------------------------------------------------
 
