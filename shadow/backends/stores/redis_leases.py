@@ -142,6 +142,11 @@ class RedisLeases:
         with self._lock:
             return self._held.get(session)
 
+    def held(self) -> dict[str, int]:
+        """Each session this instance holds a lease on, with its epoch (a copy)."""
+        with self._lock:
+            return dict(self._held)
+
     def last_epoch(self, session: str) -> int:
         """The newest epoch this instance held ``session`` under (0: never)."""
         with self._lock:
