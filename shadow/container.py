@@ -113,11 +113,15 @@ def _store_kind(settings: ShadowSettings) -> Literal["local", "shared"]:
 
 
 def _redis(settings: ShadowSettings) -> Iterator[object]:
-    """The redis-py client of STORE (no connection is made until the first command)."""
+    """The redis-py client of STORE (no connection is made until the first command); None without
+    one (the container's resources start with the app, whatever the settings)."""
     import logging
 
     from shadow.backends.stores.redis_parks import connect, masked
 
+    if _store_kind(settings) == "local":
+        yield None
+        return
     client = connect(settings.store, cluster=settings.store_cluster)
     logging.getLogger(__name__).info("shared store %s (instance %s)", masked(settings.store), settings.instance_name)
     try:
