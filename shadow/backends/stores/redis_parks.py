@@ -38,7 +38,6 @@ from shadow.core.errors import LeaseLost
 PART_BYTES = 8 * 2**20  # Redis caps a value at 512 MB, and one large value blocks its one thread
 MANIFEST_VERSION = "shadow-manifest-1"
 MAX_MANIFEST_CHARS = 1_000_000  # 8 MiB parts: about 13,000 parts, 100 GB of park
-PASSWORD_ENV = "QWEN38_SHADOW_STORE_PASSWORD"
 
 # KEYS: manifest, epoch, lease. ARGV: new manifest, park's epoch, "<instance>:<epoch>", the parks' TTL
 # and the lease's, in ms.
@@ -85,14 +84,13 @@ def masked(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(url: str, cluster: bool = False, timeout_s: float = 2.0) -> Any:
+def connect(url: str, password: str = "", cluster: bool = False, timeout_s: float = 2.0) -> Any:
     """A redis-py client for ``url`` (``redis://`` or ``rediss://``): one node, or with ``cluster``
-    the cluster that node belongs to. The password comes from QWEN38_SHADOW_STORE_PASSWORD, else the URL."""
+    the cluster that node belongs to. ``password`` (STORE_PASSWORD) wins over the URL's."""
     import redis
     import redis.cluster
 
     kw: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    password = os.environ.get(PASSWORD_ENV)
     if password:
         kw["password"] = password
     if cluster:
