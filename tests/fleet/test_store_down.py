@@ -29,6 +29,7 @@ def test_redis_killed_then_restarted_empty_no_wrong_load_sessions_read_again(ckp
     a.feed_prompt("s1", one)
     a.read()
     a.park("s1")  # in the store and on A's disk
+    assert a.sharing().store == "up", a.sharing().last_error
     assert redis_node.cli("EXISTS", keys.manifest("s1")) == "1"
     assert gauge(metrics, "shadow_store_up") == 1
 
