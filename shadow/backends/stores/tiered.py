@@ -54,6 +54,9 @@ class TieredStore:
         park = self.disk.park_of(name)
         if epoch is None or park is None:  # unshared: followed here only
             return size
+        if not self.leases.may_try():  # down a moment ago: local only, without a timeout's wait
+            self._count("store_park_failures")
+            return size
         path, checksum = park
         try:
             self.parks.put(name, path, checksum, self.disk.identity, epoch, f"{self.leases.instance}:{epoch}",
@@ -73,6 +76,8 @@ class TieredStore:
 
     def peek(self, name: str) -> tuple[SessionBook, Any] | None:
         local = self.disk.park_of(name)
+        if not self.leases.may_try():
+            return self.disk.peek(name) if local is not None else None
         try:
             m = self.parks.manifest(name)
         except PartRefused as e:
@@ -94,6 +99,8 @@ class TieredStore:
 
     def remove(self, name: str) -> None:
         self.disk.remove(name)
+        if not self.leases.may_try():  # its park in the store expires with the TTL
+            return
         try:
             self.parks.remove(name, self.leases.instance)
         except Exception as e:
