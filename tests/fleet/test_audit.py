@@ -51,8 +51,9 @@ def audit(instances: dict[str, object], redis_node, keys: Keys) -> int:
 
 @pytest.mark.slow
 def test_a_thousand_sessions_on_two_instances_one_holder_each_all_exact(small, tmp_path, redis_node):
-    # a small cap: sessions are parked (and their leases let go) all along, so that turns move between instances
-    instances = {name: make(small, tmp_path / name, redis_node.url, name, lease_s=2.0, cap_mib=1.0) for name in "AB"}
+    # a small cap: sessions are parked (and their leases let go) all along, so that turns move between
+    # instances; the default lease (5 s): handovers here come from parks, never from a lease running out
+    instances = {name: make(small, tmp_path / name, redis_node.url, name, lease_s=5.0, cap_mib=1.0) for name in "AB"}
     keys = Keys(instances["A"].reader.weights_hash)
     rng = random.Random(0)
     # short sessions, cheap on the CPU: every 20th crosses a grid line (state to restore), the rest stay
