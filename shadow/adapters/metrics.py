@@ -62,6 +62,13 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "proxy_render_mismatches": ("Turns whose rendered prompt differed from the engine's", ()),
     "proxy_engine_fallbacks": ("Times the engine refused the proxy's id fields and the proxy fell back to "
                                "rendering", ()),
+    # the shared store (STORE, docs/scale-out.md)
+    "store_parks": ("Parks sent to the shared store (beside the local file)", ()),
+    "store_park_failures": ("Parks kept on the local disk only because the shared store could not be reached", ()),
+    "store_restores": ("Sessions restored from the shared store's parts", ()),
+    "store_parks_refused": ("Parks in the shared store refused on reading (and deleted), by reason", ("reason",)),
+    "stale_parks_refused": ("Parks the shared store refused because a newer holder had the session", ()),
+    "leases_lost": ("Sessions dropped here because another instance took their lease", ()),
 }
 # ``behind_at_turn_start_ids``' buckets are grid multiples minus one, so that ``le="<grid-1>"`` counts
 # the fresh turn starts (less than one chunk behind)
@@ -79,6 +86,8 @@ GAUGES: dict[str, str] = {
     "disk_bytes": "Bytes of parked files",
     "backlog_ids": "Tokens held and not yet read, all sessions together",
     "model_loaded": "1 once the model is loaded and warmed (the readiness gate), else 0",
+    "store_up": "The shared store (STORE): 1 reachable at the last look, 0 not, -1 no store set",
+    "sessions_unshared": "Resident sessions followed without a lease in the shared store (taken while it was down)",
 }
 # the names engines use (vLLM's ``prompt_tokens_total``): tokens, not ids. The telemetry keeps calling
 # them by their first names (the keys above); only what Prometheus sees changed (CHANGELOG.md).
@@ -133,6 +142,11 @@ class Gauges(Collector):
         yield GaugeMetricFamily(PREFIX + "disk_bytes", GAUGES["disk_bytes"], value=disk)
         yield GaugeMetricFamily(exposed("backlog_ids"), GAUGES["backlog_ids"], value=backlog)
         yield GaugeMetricFamily(PREFIX + "model_loaded", GAUGES["model_loaded"], value=int(shadow is not None))
+        sharing = shadow.sharing() if shadow is not None else None
+        up = -1 if sharing is None or sharing.store == "off" else int(sharing.store == "up")
+        yield GaugeMetricFamily(PREFIX + "store_up", GAUGES["store_up"], value=up)
+        yield GaugeMetricFamily(PREFIX + "sessions_unshared", GAUGES["sessions_unshared"],
+                                value=sharing.unshared if sharing is not None else 0)
 
 
 class Metrics:
