@@ -197,12 +197,14 @@ class Shadow:
             self.prompter.question_ids("?")  # the chat template and the tokenizer, loaded before a question
             self.prompter.single_token("A")
 
-    def read(self, plan: ReadPlan = ALL_READY, on_pass: OnPass | None = None,
+    def read(self, plan: ReadPlan | str | None = ALL_READY, on_pass: OnPass | None = None,
              stop: Callable[[], bool] | None = None) -> list[ChunkRead]:
         """Read whole chunks now, as ``plan`` says (``ReadPlan``; by default every ready session, no
         bound), in passes of up to ``reader.max_batch`` sessions (one chunk each), while ``stop()`` is
         false; ``on_pass(chunks, estimate, start_ns, end_ns)`` follows each pass. This is the loop:
-        the schedulers build the plan and do not repeat it."""
+        the schedulers build the plan and do not repeat it. A session's name reads that session alone
+        (``ReadPlan(name)``), None every ready one, as the facade always took them."""
+        plan = ALL_READY if plan is None else ReadPlan(plan) if isinstance(plan, str) else plan
         spent, done = 0.0, list[ChunkRead]()
         with self._lock:
             if plan.session is not None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadow.api.app import BASE, create_app
+from shadow.api.app import create_app
+from shadow.api.paths import BASE
 from shadow.backends.stores.redis_parks import Keys
 from tests.conftest import ids, make_container, make_settings
 

@@ -214,30 +214,36 @@ def test_id_fields_the_engine_refuses_fall_back_to_rendering(shared_data: Path, 
 
 
 def test_two_proxies_on_one_redis_agree_on_the_session_of_a_headerless_request(
-        shared_data: Path, stack_of: Any, redis_url: str) -> None:
+        shared_data: Path, stack_of: Any, redis_url: str, tmp_path: Path) -> None:
+    """Two proxy + shadow pairs on one Redis (the index and the parks shared): a header-less
+    conversation started on one is the same session on the other. While the first pair holds it, the
+    second would get a 409 naming the holder; once the first stops (a planned stop parks it in the
+    store and lets go of its lease), the next turn on the second joins it by name and restores it from
+    the store, exactly."""
     path, index, _ = REASONING
     t = session_of(shared_data, path, index)
-    one = stack_of([t], store=redis_url)
-    two = stack_of([t], store=redis_url)
+    one = stack_of([t], store=redis_url, disk=str(tmp_path / "disk-one"))
+    two = stack_of([t], store=redis_url, disk=str(tmp_path / "disk-two"))
     key = {"Authorization": "Bearer sk-fleet"}
     with httpx.Client(timeout=120.0) as client:
         _run(client, one, t.requests[0], key)
-        _run(client, two, t.requests[1], key)  # the next turn lands on the other proxy
+        one.idle()
         (name,) = one.proxy.sessions.names()
-        assert two.proxy.sessions.names() == [name]
-        _run(client, one, t.requests[2], key)
+        assert two.proxy.sessions.names() == [name]  # the index is the store's, not a proxy's own
+        one.stop()
+        _run(client, two, t.requests[1], key)  # the next turn lands on the other pair
+        _run(client, two, t.requests[2], key)
     turns = render_turns(t, indices=range(3))
-    assert exact(two, name) == turns[1].prompt_ids + turns[1].output_ids
-    assert exact(one, name) == turns[2].prompt_ids + turns[2].output_ids
-    assert one.proxy.sessions.ids(name) == turns[2].prompt_ids + turns[2].output_ids
-    assert one.proxy.counts.as_dict()["sessions_new"] == 1 and two.proxy.counts.as_dict()["sessions_joined"] == 1
+    assert exact(two, name) == turns[2].prompt_ids + turns[2].output_ids
+    assert two.proxy.sessions.ids(name) == turns[2].prompt_ids + turns[2].output_ids
+    assert one.proxy.counts.as_dict()["sessions_new"] == 1 and two.proxy.counts.as_dict()["sessions_joined"] == 2
 
 
 def test_redis_gone_stops_following_and_every_byte_still_flows(
-        shared_data: Path, stack_of: Any, redis_server: Any) -> None:
+        shared_data: Path, stack_of: Any, redis_server: Any, tmp_path: Path) -> None:
     path, index, _ = REASONING
     t = session_of(shared_data, path, index)
-    stack = stack_of([t], store=redis_server.url)
+    stack = stack_of([t], store=redis_server.url, disk=str(tmp_path / "disk"))
     with httpx.Client(timeout=120.0) as client:
         _run(client, stack, t.requests[0])
         (name,) = stack.proxy.sessions.names()
