@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.ab_cost import Run, build_service, load_sessions, main, pct_changes, spread, summarise, trace_cost
-from benchmarks.ab_engine import TurnTiming, build_main, serve_turn
+from benchmarks.ab_cost.engine import TurnTiming, build_main, serve_turn
+from benchmarks.ab_cost.run import Run, build_service, load_sessions, main, pct_changes, spread, summarise, trace_cost
 from shadow.adapters.telemetry import SpanTelemetry, span_record
 from shadow.core.shadow import ChunkRead
 
@@ -244,7 +244,7 @@ def test_agents_decode_together_and_report_as_an_engine_does(real_turns, tmp_pat
     """``--agents``: every agent's turns are served with each step advancing all agents in flight;
     each request's host calls come in an engine's order with the real ids, a step feeds each agent
     its previous real id, and the decode counts every agent's tokens once."""
-    from benchmarks.ab_agents import serve_agents
+    from benchmarks.ab_cost.agents import serve_agents
 
     container, service, _ = build_service(tmp_path, "tiny", CPU, torch.float32, 512, 0.02, tmp_path / "t.jsonl")
     try:

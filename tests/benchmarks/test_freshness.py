@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.freshness import CostModel, flat, from_rate_file, main, plot, summarise
-from benchmarks.freshness_sim import Knobs, Policy, SessionRun, replay_session
-from benchmarks.timelines import TIMING_BOTH, SessionTimeline, timeline_of
+from benchmarks.freshness.run import CostModel, flat, from_rate_file, main, plot, summarise
+from benchmarks.freshness.sim import Knobs, Policy, SessionRun, replay_session
+from benchmarks.freshness.timelines import TIMING_BOTH, SessionTimeline, timeline_of
 
 GRID = 512
 LADDER = (0.0, 0.5, 1.0, 2.0, 5.0)

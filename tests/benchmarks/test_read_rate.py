@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import read_rate_floor as floor
-from benchmarks.read_rate import main
+from benchmarks.read_rate import floor
+from benchmarks.read_rate.run import main
 from shadow.backends.qwen35 import Qwen35, Qwen35Config
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
@@ -105,7 +105,7 @@ def test_attention_read_compares_each_session_with_its_own_call(monkeypatch):
     """``attention_read`` times the table form a read's pass runs; its ``equal`` must hold where every
     session's rows are its own ``attend`` call's, and fail where one is not (on the CPU: the Triton
     kernel under the interpreter, the graph replaced by calling the launch)."""
-    from benchmarks import read_rate_batch
+    from benchmarks.read_rate import batch as read_rate_batch
     from shadow.backends.qwen35 import attention
 
     class Eager:

@@ -31,13 +31,12 @@ from typing import Any
 
 from dependency_injector import providers
 
+from benchmarks.freshness.timelines import SessionTimeline
 from shadow.adapters.tokens import N_VOCAB
 from shadow.container import build_container
 from shadow.core.session import SessionBook
 from shadow.core.settings import ShadowSettings
 from shadow.core.shadow import Shadow
-
-from .timelines import SessionTimeline
 
 ChunkCost = Callable[[int], float]  # seconds to read the chunk that starts at this row
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from benchmarks import read_rate_floor as floor_mod
 from benchmarks.common import captured, device_ms_per_call
+from benchmarks.read_rate import floor as floor_mod
 from shadow.backends.qwen35 import Qwen35, attention
 from shadow.backends.qwen35.graphs import clone_state, same_state
 from shadow.backends.reader import SessionTensors, TorchReader

@@ -1,5 +1,5 @@
 """The peer in ``read_rate``: transformers' ``Qwen3_5ForCausalLM`` on the same checkpoint folder, with
-its own cache, walked through the same steps as the shadow (``read_rate_steps.run_steps``).
+its own cache, walked through the same steps as the shadow (``steps.run_steps``).
 
 What each figure is for the peer:
 
@@ -49,7 +49,7 @@ def _gdn_kernel(model: Any) -> str:
 
 
 class PeerSide:
-    """The peer's cache and the calls ``read_rate_steps.PeerRunner`` walks it with."""
+    """The peer's cache and the calls ``steps.PeerRunner`` walks it with."""
 
     def __init__(self, model: Any, ids: list[int], sync: Callable[[], None]) -> None:
         import transformers

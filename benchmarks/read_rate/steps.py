@@ -1,5 +1,5 @@
 """The timed sequence of ``read_rate``, one walk up the depths, and the two kinds of side that walk it:
-the shadow through its facade, and the peer (``read_rate_peer``).
+the shadow through its facade, and the peer (``peer``).
 
 At each stop the side is brought to exactly that depth (untimed, nothing pending), then: the
 300-id question (when the plan asks it there), the fork decode (likewise), then consecutive chunks

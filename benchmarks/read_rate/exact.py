@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from benchmarks.common import sessions_folder
 from shadow import Shadow
 
-REPO = Path(__file__).resolve().parents[1]
-RAW = REPO.parent / "shared" / "data" / "sessions" / "raw"
+REPO = Path(__file__).resolve().parents[2]
+RAW = sessions_folder()
 SESSION_FULL = RAW / "mini-swe-agent-gemini3-swebench" / "sympy__sympy-12489.traj.json"
 SESSION_QUICK = RAW / "mini-swe-agent-gemini3-swebench" / "django__django-16527.traj.json"
 

@@ -3,7 +3,7 @@
     python -m benchmarks.freshness                       # every session, chunk costs 35 and 3 ms
     python -m benchmarks.freshness --chunk-ms 50 35 20 10 5 3 --only openhands
 
-A replay on a simulated clock (``benchmarks.freshness_sim``) of every session under
+A replay on a simulated clock (``benchmarks.freshness.sim``) of every session under
 ``../shared/data/sessions/raw`` through the service's own idle and rationed schedulers, with a
 reader that costs a given time per chunk: these are figures *simulated from a chunk cost*, not
 GPU measurements. The chunk cost comes from ``--chunk-ms``, else from the newest
@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .common import keep_newest, pyplot
-from .freshness_sim import Knobs, Policy, SessionRun, percentile, replay_session
-from .timelines import FIRST_TOKEN, SessionTimeline, Skipped, timelines
+from benchmarks.common import keep_newest, pyplot, sessions_folder
+from benchmarks.freshness.sim import Knobs, Policy, SessionRun, percentile, replay_session
+from benchmarks.freshness.timelines import FIRST_TOKEN, SessionTimeline, Skipped, timelines
 
-REPO = Path(__file__).resolve().parents[1]
-RAW = REPO.parent / "shared" / "data" / "sessions" / "raw"
+REPO = Path(__file__).resolve().parents[2]
+RAW = sessions_folder()
 RESULTS = REPO / "benchmarks" / "results"
 RATIONS = (0.0, 0.5, 1.0, 2.0, 5.0)
 DEFAULT_CHUNK_MS = (35.0, 3.0)
@@ -200,7 +200,8 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--raw", type=Path, default=RAW, help="the sessions folder (default: ../shared/data/sessions/raw)")
+    ap.add_argument("--raw", type=Path, default=RAW, help="the sessions folder (default: ../shared/data/sessions/raw, "
+                    "else tests/data's subset)")
     ap.add_argument("--only", nargs="*", default=[], help="sessions whose path contains one of these")
     ap.add_argument("--chunk-ms", type=float, nargs="*", help="chunk costs in ms (default: the newest read_rate "
                     "file, else 35 and 3)")
@@ -220,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     at = commit()  # the code that runs, before anything changes during a long run
     if not args.raw.is_dir():
-        raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo")
+        raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo, "
+                         "a subset in tests/data")
 
     rate_file = args.rate_file or (None if args.chunk_ms else measured_rate_file())
     if rate_file is not None:

@@ -4,7 +4,7 @@
     python -m benchmarks.ab_cost --out /tmp/ab --main-shape tiny --smoke      # the CPU smoke run (CI)
     python -m benchmarks.ab_cost --out DIR --agents 16 --overlap      # 16 sessions decoding at once (CUDA)
 
-One process, one device. The main model (``benchmarks.ab_engine``: this project's Qwen3.5 forward at
+One process, one device. The main model (``benchmarks.ab_cost.engine``: this project's Qwen3.5 forward at
 the 9B shape, random weights, bf16, decoding through the fast path's captured one-token step)
 serves real sessions' turns: each prompt prefilled, then the turn's real output length decoded
 token by token. Beside it, a real shadow service (``build_container``: the 0.8B shape from a random
@@ -27,7 +27,7 @@ Per run: decode tokens/s (tokens after the first over the time from the first to
 the host's calls included), TTFT (arrival to the first token read back: the calls, the barrier, the
 prefill). Paired by run (off_i, on_i): ``decode_loss_pct`` = median of 100 (off - on) / off of the
 decode rate; ``ttft_delta_pct`` = median of 100 (on - off) / off of the mean TTFT; with their spread.
-From the spans of the same on-runs (``benchmarks.spans``), two estimates over the decode time, medians
+From the spans of the same on-runs (``benchmarks.ab_cost.spans``), two estimates over the decode time, medians
 over the on-runs: ``trace_chunks_pct``, the chunks' measured device time during the decodes (the
 ration's chunks of the run's requests, and any idle chunk that overlaps a decode), which is what an
 overlapped host pays (its calls run while the device runs the next step); and ``trace_host_pct``,
@@ -68,12 +68,12 @@ from typing import Any
 
 import torch
 
-from benchmarks.ab_engine import MainModel, TurnTiming, build_main, serve_turn, shape
-from benchmarks.common import environment, keep_newest
-from benchmarks.spans import costs_of
+from benchmarks.ab_cost.engine import MainModel, TurnTiming, build_main, serve_turn, shape
+from benchmarks.ab_cost.spans import costs_of
+from benchmarks.common import environment, keep_newest, sessions_folder
 
-REPO = Path(__file__).resolve().parents[1]
-RAW = REPO.parent / "shared" / "data" / "sessions" / "raw"
+REPO = Path(__file__).resolve().parents[2]
+RAW = sessions_folder()
 DEMO = "demo"
 DEFAULT_SESSIONS = ("openhands-examples/output.jsonl#1",)  # an agent's tight loop, 4-5k-id prompts
 ARMS = ("off", "on")
@@ -355,7 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sessions", nargs="*", default=None,
                     help=f"relpath[#k] under --raw, or {DEMO!r} (default {list(DEFAULT_SESSIONS)}; the demo "
                          "session without the shared folder)")
-    ap.add_argument("--raw", type=Path, default=RAW, help="the sessions folder (default ../shared/data/sessions/raw)")
+    ap.add_argument("--raw", type=Path, default=RAW, help="the sessions folder (default: ../shared/data/sessions/raw, "
+                    "else tests/data's subset)")
     ap.add_argument("--turns", type=int, default=6, help="requests served of each session, from its first")
     ap.add_argument("--max-output", type=int, default=0, help="cut each output to this many ids (0: whole)")
     ap.add_argument("--gap-s", type=float, default=0.5, help="idle time after each request (the agent's tool)")
@@ -364,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the ration's share of the decode time (default 0.02 for one agent, as measured before "
                          "issue 18; with --agents the service's own default)")
     ap.add_argument("--agents", type=int, default=1,
-                    help="sessions decoding at once in one batched step (benchmarks.ab_agents; CUDA only)")
+                    help="sessions decoding at once in one batched step (benchmarks.ab_cost.agents; CUDA only)")
     ap.add_argument("--history", type=int, default=1,
                     help="--agents: each session's first turns, read by the shadow before a run, not served")
     ap.add_argument("--max-len", type=int, default=12288, help="--agents: leave out sessions longer than this")
@@ -387,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1:
         raise SystemExit("--runs must be at least 1")
     if args.agents > 1:
-        from benchmarks.ab_agents import agents_main
+        from benchmarks.ab_cost.agents import agents_main
 
         return agents_main(args)
     if args.ration is None:

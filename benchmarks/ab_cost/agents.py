@@ -14,7 +14,7 @@ ids, the same in every run; the main model's choices do not matter, its pace doe
 ``serve_agents`` is one run: each agent serves its session's turns one after the other with the
 tool gap between them; all agents start together, so their turns soon interleave. Prefills run
 between decode steps (an engine without chunked prefill). The host calls are those of
-``ab_engine.serve_turn``, per request, in an engine's order; with ``overlap`` each step's rounds
+``engine.serve_turn``, per request, in an engine's order; with ``overlap`` each step's rounds
 are reported while the device runs the next step. The decode rate is the tokens of all steps over
 the wall time of the steps (host calls included); prefills and gaps are outside it.
 
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ab_engine import TurnTiming, _sync
+from benchmarks.ab_cost.engine import TurnTiming, _sync
 from shadow.backends.qwen35 import ModelState, Qwen35
 
 BUCKET = 1024
@@ -287,8 +287,8 @@ def default_sessions(raw: Path) -> list[str]:
 
 def build_decoder(name: str, device: torch.device, dtype: torch.dtype, grid: int, agents: int, max_len: int,
                   seed: int = 1) -> tuple[BatchDecoder, dict[str, Any]]:
-    """Random weights at shape ``name`` (as ``ab_engine.build_main``), decoding ``agents`` at once."""
-    from benchmarks.ab_engine import random_model
+    """Random weights at shape ``name`` (as ``engine.build_main``), decoding ``agents`` at once."""
+    from benchmarks.ab_cost.engine import random_model
 
     t0 = time.perf_counter()
     model, params = random_model(name, device, dtype, seed)
@@ -321,7 +321,7 @@ def agents_main(args: Any) -> int:
     import gc
     import tempfile
 
-    from benchmarks.ab_cost import (
+    from benchmarks.ab_cost.run import (
         ARMS,
         Run,
         build_service,

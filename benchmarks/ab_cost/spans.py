@@ -8,7 +8,7 @@ which the host knows and the spans do not. Questions (``shadow.ask``) are summed
 on the caller's thread, not in either window. Each finished request's ``shadow.turn`` span gives the
 time its host spent inside the shadow's calls during its decode (``host_by_request_ms``).
 
-    python -m benchmarks.spans ~/.qwen38-spark-engine/shadow/traces.jsonl
+    python -m benchmarks.ab_cost.spans ~/.qwen38-spark-engine/shadow/traces.jsonl
 """
 
 from __future__ import annotations
@@ -92,5 +92,5 @@ def span_costs(path: str | Path) -> SpanCosts:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m benchmarks.spans TRACES.jsonl")
+        raise SystemExit("usage: python -m benchmarks.ab_cost.spans TRACES.jsonl")
     print(json.dumps(span_costs(sys.argv[1]).as_dict(), indent=1))

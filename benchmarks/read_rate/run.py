@@ -32,7 +32,7 @@ chunk at depth 0. Figures, each after a warm pass (below):
 - ``fork_decode_token``: ``sh.decode(session, prompt, max_new=N)`` timed for two N and differenced
   (the prompt's cost cancels), divided by the difference in tokens returned, at 32k;
 - ``floor_ms``: the roofline floor of that work from the matmul and copy rates measured in this
-  run (``read_rate_floor``: the FLOP formula is there).
+  run (``floor``: the FLOP formula is there).
 
 Warm-up: every side runs ``warm_up`` (ours) or loads (the peer), then the whole timed sequence once
 on a throwaway session or cache (the same depths, so the same shapes: first-shape compiles, cuDNN
@@ -59,11 +59,11 @@ from typing import Any
 
 import torch
 
-from benchmarks import read_rate_batch as batch_mod
-from benchmarks import read_rate_exact as exact_mod
-from benchmarks import read_rate_floor as floor_mod
 from benchmarks.common import environment, keep_newest
-from benchmarks.read_rate_steps import FIGURES, GRID, PeerRunner, Plan, ShadowSide, run_steps
+from benchmarks.read_rate import batch as batch_mod
+from benchmarks.read_rate import exact as exact_mod
+from benchmarks.read_rate import floor as floor_mod
+from benchmarks.read_rate.steps import FIGURES, GRID, PeerRunner, Plan, ShadowSide, run_steps
 from shadow import Shadow, ShadowSettings, build_shadow
 from shadow.backends.qwen35 import Qwen35Config, attention_kernel
 from shadow.backends.qwen35.checkpoint import demo_text_config, random_tensors, write_checkpoint
@@ -194,7 +194,7 @@ def _eager(run: ModelRun, plan: Plan, ckpt: Path, args: argparse.Namespace, inpu
 
 def _peer(run: ModelRun, plan: Plan, ckpt: Path, args: argparse.Namespace, inputs: Inputs) -> None:
     """The peer, both passes; a failure of the peer is noted, not fatal: our figures still count."""
-    from benchmarks import read_rate_peer as peer_mod
+    from benchmarks.read_rate import peer as peer_mod
 
     device = torch.device(args.device)
     try:
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip the peer (transformers)")
     ap.add_argument("--no-child", action="store_true", help="skip the fresh prefill in another process")
     ap.add_argument("--tmp", default=None, help="where the random checkpoints are written (default: the system's)")
-    ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate_batch)")
+    ap.add_argument("--no-batch", action="store_true", help="skip the batch figures (read_rate.batch)")
     ap.add_argument("--batch-cpu", action="store_true", help="the batch figures on the CPU too (a smoke run)")
     ap.add_argument("--attention", default="auto", choices=["auto", "triton", "wg", "ws"],
                     help="the chunk attention kernel (attention_kernel.KERNEL; auto, the shipped choice: the "

@@ -8,7 +8,7 @@ through the sessions from a random offset (a new session each time round; the on
 forgotten, as a host forgets a closed conversation), for ``--minutes`` of simulated time. The parts
 are the service's own: the container builds the ``ShadowService`` with its ``HostActivity``, idle
 window, ration and ``Shadow`` facade, with a simulated clock and a ``SimReader`` (no maths; a pass
-costs a given time: ``benchmarks.freshness_sim``). Each agent's turn goes through the host
+costs a given time: ``benchmarks.freshness.sim``). Each agent's turn goes through the host
 interface as an engine drives it (``arrived``, ``started``, ``first_token``, ``round_ended`` every
 8 output ids, ``finished``); the idle loop looks every 0.2 s. A ration slice or an idle pass
 holds the device, so every agent's event that falls inside it happens when it ends: the delays the
@@ -59,15 +59,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import keep_newest, pyplot, sessions_folder
+from benchmarks.freshness.run import CostModel, commit, from_rate_file
+from benchmarks.freshness.sim import Knobs, Policy, SimClock, SimReader, _build, percentile
+from benchmarks.freshness.timelines import SessionTimeline, Skipped, timelines
 from shadow.core.costs import PAD_SLOTS, pass_plan
 
-from .common import keep_newest, pyplot
-from .freshness import CostModel, commit, from_rate_file
-from .freshness_sim import Knobs, Policy, SimClock, SimReader, _build, percentile
-from .timelines import SessionTimeline, Skipped, timelines
-
-REPO = Path(__file__).resolve().parents[1]
-RAW = REPO.parent / "shared" / "data" / "sessions" / "raw"
+REPO = Path(__file__).resolve().parents[2]
+RAW = sessions_folder()
 RESULTS = REPO / "benchmarks" / "results"
 AGENTS = (1, 4, 16, 64, 128)
 POLICIES = ("turn:2", "device:2", "device:3", "device:4", "device:5")
@@ -177,7 +176,7 @@ def newest_rate_file(folder: Path = RESULTS) -> Path | None:
     """``read_rate.json`` (the stable name), else the newest ``read_rate-*.json`` by the date it records."""
     if (folder / "read_rate.json").is_file():
         return folder / "read_rate.json"
-    from .freshness import newest_rate_file as dated
+    from benchmarks.freshness.run import newest_rate_file as dated
 
     return dated(folder)
 
@@ -476,7 +475,8 @@ def load(raw: Path, only: Sequence[str], decode_tps: float) -> tuple[list[Sessio
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--raw", type=Path, default=RAW, help="the sessions folder (default: ../shared/data/sessions/raw)")
+    ap.add_argument("--raw", type=Path, default=RAW, help="the sessions folder (default: ../shared/data/sessions/raw, "
+                    "else tests/data's subset)")
     ap.add_argument("--only", nargs="*", default=[], help="sessions whose path contains one of these")
     ap.add_argument("--agents", type=int, nargs="*", default=list(AGENTS))
     ap.add_argument("--policies", nargs="*", default=list(POLICIES), help="turn:S or device:S, S in %%")
@@ -503,10 +503,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--pad takes whole numbers of empty slots or none, got {args.pad}") from None
     at = commit()
     if not args.raw.is_dir():
-        raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo")
+        raise SystemExit(f"{args.raw} is absent: the real sessions live in ../shared/data beside the repo, "
+                         "a subset in tests/data")
     rate_file = args.rate_file or newest_rate_file()
     if rate_file is None:
-        raise SystemExit("no read_rate result under benchmarks/results: run benchmarks/read_rate.py first")
+        raise SystemExit("no read_rate result under benchmarks/results: run python -m benchmarks.read_rate first")
     costs = pass_costs(rate_file, args.rate_model)
     print(f"concurrency: chunk costs from {costs.source}", file=sys.stderr)
     sessions, skipped = load(args.raw, args.only, args.decode_tps)
