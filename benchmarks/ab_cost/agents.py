@@ -321,17 +321,15 @@ def agents_main(args: Any) -> int:
     import gc
     import tempfile
 
+    from benchmarks.ab_cost.arithmetic import chunk_spans, overlaps, trace_cost
     from benchmarks.ab_cost.run import (
         ARMS,
         Run,
         build_service,
-        chunk_spans,
         common_fields,
         drain,
         load_sessions,
-        overlaps,
         summarise,
-        trace_cost,
         write_result,
     )
     from benchmarks.common import environment, keep_newest

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.ab_cost.arithmetic import pct_changes, spread, trace_cost
 from benchmarks.ab_cost.engine import TurnTiming, build_main, serve_turn
-from benchmarks.ab_cost.run import Run, build_service, load_sessions, main, pct_changes, spread, summarise, trace_cost
+from benchmarks.ab_cost.run import Run, build_service, load_sessions, main, summarise
 from shadow.adapters.telemetry import SpanTelemetry, span_record
 from shadow.core.shadow import ChunkRead
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak import main
+from benchmarks.soak.run import main
 from tests.conftest import _SHARED_DATA
 
 

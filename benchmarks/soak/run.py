@@ -47,33 +47,25 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.common import environment, keep_newest  # noqa: E402
+from benchmarks.soak.rss import quarters, slope  # noqa: E402
+from benchmarks.soak.sessions import Sess, load_sessions  # noqa: E402
 from shadow.api.client import ShadowClient, ShadowHTTPError  # noqa: E402
 from shadow.core.session import first_difference  # noqa: E402
 
 QUESTION = "Is the agent done? A: yes, B: no."
 ROUND_IDS = 64
 MAX_ROUNDS = 8  # per turn: the rest of the output comes with finished
-
-
-@dataclass
-class Sess:
-    name: str
-    turns: list[tuple[list[int], list[int]]]  # (prompt ids, output ids)
-    at: int = 0  # the next turn
-    ids: list[int] = field(default_factory=list)  # what the server should hold ([] : nothing yet)
-    lost: bool = True  # the server may not hold it (new, deleted, forgotten): the next feed is a whole prompt
 
 
 class Soak:
@@ -353,10 +345,10 @@ class Soak:
             pts = [(x["t_s"], x["rss"]) for x in self.samples if x["life"] == life and x["rss"]]
             warm = pts[len(pts) // 4:]  # after the first quarter of the process's life: warm-up
             lives[f"process {life}"] = {"rss_peak_mib": round(max(r for _, r in pts) / 2**20, 1) if pts else None,
-                                        "rss_slope_mib_per_hour_after_warmup": _slope(warm),
+                                        "rss_slope_mib_per_hour_after_warmup": slope(warm),
                                         "samples": len(pts),
-                                        "rss_slope_mib_per_hour_second_half": _slope(pts[len(pts) // 2:]),
-                                        "rss_median_mib_by_quarter": _quarters(pts)}
+                                        "rss_slope_mib_per_hour_second_half": slope(pts[len(pts) // 2:]),
+                                        "rss_median_mib_by_quarter": quarters(pts)}
         five = sum(n for k, n in self.errors.items() if k.split()[-1].isdigit() and int(k.split()[-1]) >= 500)
         return {
             **self.at_start,
@@ -389,60 +381,10 @@ class Soak:
         return out
 
 
-def _slope(pts: list[tuple[float, int]]) -> float | None:
-    """Least-squares slope of RSS over time, MiB per hour."""
-    if len(pts) < 3:
-        return None
-    n = len(pts)
-    mt = sum(t for t, _ in pts) / n
-    mr = sum(r for _, r in pts) / n
-    var = sum((t - mt) ** 2 for t, _ in pts)
-    if var == 0:
-        return None
-    return round(sum((t - mt) * (r - mr) for t, r in pts) / var * 3600 / 2**20, 2)
-
-
-def _quarters(pts: list[tuple[float, int]]) -> list[float]:
-    """The median RSS (MiB) of each quarter of a process's samples: flat after warm-up reads as
-    equal quarters (a median, so that a transient large tensor's pages do not count)."""
-    n = len(pts)
-    if n < 4:
-        return []
-    parts = [sorted(r for _, r in pts[i * n // 4:(i + 1) * n // 4]) for i in range(4)]
-    return [round(p[len(p) // 2] / 2**20, 1) for p in parts]
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def load_sessions(n: int, turns: int, data: Path, max_ids: int | None = None) -> tuple[list[Sess], str]:
-    from shadow.adapters.transcripts import demo_transcript, discover, load_transcript, render_turns
-
-    shared = data / "sessions"
-    found = []
-    if shared.is_dir():
-        for path in discover(shared):
-            found.extend(load_transcript(path))
-        source = (f"{shared} ({len(found)} transcripts, the first {turns} turns of each"
-                  f"{'' if max_ids is None else f' holding at most {max_ids} ids'})")
-    if not found:
-        found, max_ids = [demo_transcript()], None
-        source = "shadow/data/demo (../shared absent)"
-    rendered = []
-    for tr in found:
-        if len(rendered) >= n:
-            break
-        tt = render_turns(tr, indices=range(min(turns, len(tr.requests))))
-        kept = [(list(t.prompt_ids), list(t.output_ids)) for t in tt
-                if max_ids is None or len(t.prompt_ids) + len(t.output_ids) <= max_ids]
-        if kept:
-            rendered.append(kept)
-    if not rendered:
-        raise SystemExit(f"no turn of {source} holds at most {max_ids} ids")
-    return [Sess(f"soak-{i:02d}", rendered[i % len(rendered)]) for i in range(n)], source
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
