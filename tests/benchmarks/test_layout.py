@@ -71,8 +71,11 @@ def test_the_readme_cites_only_files_that_exist() -> None:
     import re
 
     for doc in (BENCH / "README.md", BENCH / "freshness" / "README.md"):
-        for cited in re.findall(r"`results/([^`*]+?)`", doc.read_text(encoding="utf-8")):
+        text = doc.read_text(encoding="utf-8")
+        for cited in re.findall(r"`results/([^`*]+?)`", text):
             assert (BENCH / "results" / cited).exists(), f"{doc.name} cites results/{cited}"
+        for cited in re.findall(r"(?<![\w/])history/([\w-][\w.-]*\.(?:json|jsonl|txt|png))", text):
+            assert (BENCH / "results" / "history" / cited).exists(), f"{doc.name} cites history/{cited}"
 
 
 def test_a_new_run_moves_the_one_before_to_history(tmp_path: Path) -> None:
