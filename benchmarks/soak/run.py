@@ -6,9 +6,9 @@ disk full for a while, one kill -9 and restart, and every live session checked b
                                                        # (tests/benchmarks/test_soak.py)
 
 - The model: the demo checkpoint (random weights, the real vocabulary) written to a working folder;
-  CPU, float32. The sessions: up to ``--sessions`` real timelines rendered from ../shared/data
-  (the first turns of each transcript, reused under other names when there are fewer), or the demo
-  session shipped in shadow/data/demo when ../shared is absent.
+  CPU, float32. The sessions: up to ``--sessions`` real timelines rendered from ../shared/data, else
+  from tests/data's subset (the first turns of each transcript, reused under other names when there
+  are fewer), or the demo session shipped in shadow/data/demo when ``--data`` holds none.
 - ``--threads`` threads each own some sessions and drive them through the HTTP host routes
   (arrived, started, first-token, round-ended, finished) or the feeding routes, with asks, holds
   and deletes mixed in, under a tiny cap (``--cap-mib``) so that sessions are parked all the time.
@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import environment, keep_newest  # noqa: E402
+from benchmarks.common import environment, keep_newest, sessions_folder  # noqa: E402
 from benchmarks.soak.rss import quarters, slope  # noqa: E402
 from benchmarks.soak.sessions import Sess, load_sessions  # noqa: E402
 from shadow.api.client import ShadowClient, ShadowHTTPError  # noqa: E402
@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--cap-mib", type=float, default=4.0, help="GB cap of the server, MiB (tiny: parking all the time)")
     ap.add_argument("--grid", type=int, default=512)
     ap.add_argument("--disk-full-s", type=float, default=60.0)
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="the shared data folder")
+    ap.add_argument("--data", default=str(sessions_folder().parents[1]),
+                    help="the data folder holding sessions/ (default: ../shared/data, else tests/data)")
     ap.add_argument("--work", default="", help="working folder (default: a temporary one)")
     ap.add_argument("--out", default="", help="where the JSON report goes (the one there moves to history/)")
     ap.add_argument("--memory-log", action="store_true",

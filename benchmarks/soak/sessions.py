@@ -29,7 +29,7 @@ def load_sessions(n: int, turns: int, data: Path, max_ids: int | None = None) ->
                   f"{'' if max_ids is None else f' holding at most {max_ids} ids'})")
     if not found:
         found, max_ids = [demo_transcript()], None
-        source = "shadow/data/demo (../shared absent)"
+        source = f"shadow/data/demo (no sessions under {data})"
     rendered = []
     for tr in found:
         if len(rendered) >= n:
