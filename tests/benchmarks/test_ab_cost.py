@@ -125,7 +125,7 @@ def real_turns(shared_data: Path) -> list[tuple[list[int], list[int]]]:
     return served[0].turns
 
 
-@pytest.mark.parametrize(("overlap", "thread"), [(False, False), (True, True)],
+@pytest.mark.parametrize(("overlap", "thread"), [pytest.param(False, False, marks=pytest.mark.slow), (True, True)],
                          ids=["blocking-ration-in-round", "overlapped-ration-thread"])
 def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path, overlap: bool, thread: bool,
                                                       monkeypatch) -> None:
@@ -175,6 +175,7 @@ def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path
         container.shutdown_resources()
 
 
+@pytest.mark.slow
 def test_the_cpu_smoke_run_writes_the_paired_result(shared_data: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     # the ration in the round: every slice ends inside its turn, so the turns' accounts and the spans
     # must agree to the chunk (on its own thread, a slice that ends after its turn is in spans only)
