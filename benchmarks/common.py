@@ -18,6 +18,14 @@ from typing import Any
 import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def sessions_folder() -> Path:
+    """The real sessions' folder: ``../shared/data/sessions/raw`` beside the repo (the full set) when
+    present, else ``tests/data/sessions/raw`` (the licensed subset that ships with the repo)."""
+    shared = _REPO.parent / "shared" / "data" / "sessions" / "raw"
+    return shared if shared.is_dir() else _REPO / "tests" / "data" / "sessions" / "raw"
 
 
 def keep_newest(path: Path, sidecars: tuple[str, ...] = ()) -> None:

@@ -1,8 +1,10 @@
 """Shared fixtures and helpers: tiny random Qwen3.5 checkpoints in the Hugging Face format, the one
 fake clock, the one polling helper, an in-memory span exporter, containers built from settings with
 providers overridden, ``torch.empty`` filled with NaN so that a row never written cannot pass as
-zero, and ``shared_data``: the one place the tests look outside the repo (``../shared/data``, or the
-folder ``SHADOW_SHARED_DATA`` names); a test that takes it skips, saying why, without it."""
+zero, and ``shared_data``: the real agent sessions, the full set in ``../shared/data`` (or the folder
+``SHADOW_SHARED_DATA`` names) when present, else the licensed subset shipped in ``tests/data`` (the same
+layout; tests/data/README.md lists it), so the tests on real sessions run on any clone. A test that
+needs the full set takes ``full_data`` and skips, saying why, on the subset."""
 
 from __future__ import annotations
 
@@ -42,7 +44,9 @@ from shadow.container import Container, build_container
 from shadow.core.settings import ShadowSettings
 
 REPO = Path(__file__).resolve().parents[1]
-_SHARED_DATA = Path(os.environ.get("SHADOW_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+_NAMED_DATA = os.environ.get("SHADOW_SHARED_DATA")
+_SHARED_DATA = Path(_NAMED_DATA or REPO.parent / "shared" / "data")
+TEST_DATA = REPO / "tests" / "data"  # the subset of the real sessions that ships with the repo
 GRID = 64  # the grid of the service tests' settings
 
 
@@ -57,10 +61,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    if not _SHARED_DATA.is_dir():
-        pytest.skip(f"{_SHARED_DATA} is absent: the real sessions live beside the repo (../shared/data, or "
-                    "the folder SHADOW_SHARED_DATA names), not inside it")
-    return _SHARED_DATA
+    """The real sessions' folder (``sessions/raw/...`` under it): the full set beside the repo when
+    present, else the subset in tests/data. A folder named by SHADOW_SHARED_DATA must exist."""
+    if _SHARED_DATA.is_dir():
+        return _SHARED_DATA
+    if _NAMED_DATA:
+        pytest.fail(f"SHADOW_SHARED_DATA={_NAMED_DATA} is not a folder")
+    return TEST_DATA
+
+
+@pytest.fixture(scope="session")
+def full_data(shared_data: Path) -> Path:
+    """The full set of real sessions (../shared/data): skipped, saying why, with only tests/data's subset."""
+    if shared_data == TEST_DATA:
+        pytest.skip(f"needs the full set of real sessions: {_SHARED_DATA} is absent (tests/data holds a subset)")
+    return shared_data
 
 
 @pytest.fixture(autouse=True)

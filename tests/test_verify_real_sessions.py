@@ -16,7 +16,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# the compaction replay reads ~99k ids on the CPU: among the suite's slowest, so `make check` leaves it out
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "claude-code-compaction" else c
+                                  for c in sorted(CASES)])
 def test_verify_real_session(shared_data, tmp_path, capsys, case):
     path, turns = CASES[case]
     code = main(["verify", str(shared_data / RAW / path), f"--turns={turns}", "--home", str(tmp_path)])

@@ -16,7 +16,7 @@ so a call cut short keeps what it measured.
     python -m benchmarks.probes.attention_triton --once 33280 [--wg]   # one call (for ncu), nothing written
 
 Clusters of two CTAs (Triton's ``num_ctas``, to share each key tile) were a lead set here: they do
-not compile in Triton 3.6 (``results/attention_triton-cluster.json``; the code is in git at b5d88f4).
+not compile in Triton 3.6 (``results/history/attention_triton-cluster_b5d88f4.json``; the code is in git at b5d88f4).
 """
 
 from __future__ import annotations

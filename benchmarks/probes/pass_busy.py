@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from benchmarks.common import environment
-from benchmarks.read_rate import MODELS, _write_model
-from benchmarks.read_rate_batch import _group, _placed
+from benchmarks.read_rate.batch import _group, _placed
+from benchmarks.read_rate.run import MODELS, _write_model
 from shadow.backends.qwen35 import Qwen35
 from shadow.backends.reader import TorchReader
 

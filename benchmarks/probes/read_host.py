@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import environment, result_path
-from benchmarks.read_rate import MODELS, _write_model
+from benchmarks.read_rate.run import MODELS, _write_model
 from shadow.backends.qwen35 import Qwen35
 from shadow.backends.qwen35.fast.forward import FastForward
 

@@ -4,7 +4,7 @@ glibc gives each thread that allocates its own arena, up to 8 per core. The serv
 request threads (``sync_to_thread``: anyio's worker threads, about ten under load) and every read
 allocates and frees CPU tensors of many sizes (chunk activations, parked states coming back), so
 each thread's arena keeps its own high-water mark of free, fragmented memory. Measured with the
-soak (``benchmarks/soak.py``, 16 minutes, loaded 2-core machine): without a cap the arenas grew
+soak (``benchmarks/soak``, 16 minutes, loaded 2-core machine): without a cap the arenas grew
 to 550 MiB holding about 190 MiB in use, and the RSS kept climbing for minutes after warm-up; two
 arenas stayed near 280 MiB with the same use, and the RSS stayed flat (benchmarks/README.md).
 

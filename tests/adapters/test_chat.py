@@ -166,8 +166,8 @@ def test_template_is_the_qwen35_one() -> None:
     assert hashlib.sha256(src.encode()).hexdigest() == TEMPLATE_SHA256
 
 
-def test_template_is_the_shared_copy(shared_data: Path) -> None:
-    shared = shared_data / "templates" / "qwen3_5_chat_template.jinja"
+def test_template_is_the_shared_copy(full_data: Path) -> None:
+    shared = full_data / "templates" / "qwen3_5_chat_template.jinja"
     assert shared.read_text(encoding="utf-8") == template_source()
 
 

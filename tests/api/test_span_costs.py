@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.spans import costs_of, span_costs
+from benchmarks.ab_cost.spans import costs_of, span_costs
 from shadow.adapters.timeline import replay_timeline
 from shadow.adapters.transcripts import demo_transcript, render_turns
 from shadow.api.app import create_app

@@ -230,6 +230,7 @@ def _fast_shadow(checkpoints, dtype: str, grid: int):
                                        dtype=dtype, grid=grid, disk="off", fast="on"))
 
 
+@pytest.mark.slow
 def test_fast_path_replay_equals_fresh_and_forks_are_pure(checkpoints):
     sh = _fast_shadow(checkpoints, "bfloat16", 64)
     rng = random.Random(7)
@@ -283,7 +284,7 @@ def test_device_decode_equals_the_token_by_token_loop(checkpoints):
     assert state.length == 64
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype", [pytest.param("bfloat16", marks=pytest.mark.slow), "float32"])
 def test_forks_through_a_table_give_the_piecewise_bits_from_16_rows(checkpoints, dtype):
     """A fork's pass from a one-entry table (its graph's form) against the piecewise pass: from 16
     rows the same kernel on the same numbers, so the same logits and scratch KV rows bit for bit, a

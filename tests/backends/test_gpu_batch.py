@@ -75,7 +75,7 @@ def checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(folder, shape, tensors, dtype=torch.bfloat16, layout="text", extras=False)
 
 
-def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(shared_data, checkpoint, tmp_path):
+def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(full_data, checkpoint, tmp_path):
     model = Qwen35.from_pretrained(checkpoint, device="cuda", dtype="bfloat16")
     reader = TorchReader(model, GRID, fast=True)
     reader.warm_up()
@@ -86,7 +86,7 @@ def test_real_sessions_read_in_mixed_batches_equal_alone_and_fresh(shared_data, 
     assert set(report["batches"].values()) == {"ok"}, report["batches"]
     _fused_mlp_gives_cublas_bits(reader.fast, report["mlp"])
 
-    all_turns = _turns(shared_data)
+    all_turns = _turns(full_data)
     assert all(len(t) >= 2 for t in all_turns), [len(t) for t in all_turns]
     sessions = [Followed.new(reader) for _ in all_turns]
     fed = [0] * len(sessions)
@@ -155,7 +155,7 @@ def _fused_mlp_gives_cublas_bits(fast, forms: dict[str, str]) -> None:
             assert torch.equal(ours, theirs), f"{n} rows, layer {i}"
 
 
-def test_a_real_session_read_in_spans_equals_one_chunk_a_pass(shared_data, checkpoint):
+def test_a_real_session_read_in_spans_equals_one_chunk_a_pass(full_data, checkpoint):
     """One real session's chunks read in spans of 16, 2, 8, 1 and 4 chunks a pass (the spans captured
     and checked at warm-up) give every tensor of the same chunks read one pass each."""
     from shadow.backends.qwen35.fast import graphs
@@ -165,7 +165,7 @@ def test_a_real_session_read_in_spans_equals_one_chunk_a_pass(shared_data, check
     fast = FastForward(model, GRID, spans=(2, 4, 8, 16))
     fast.warm_up()
     assert fast.report()["spans"] == {"2": "ok", "4": "ok", "8": "ok", "16": "ok"}, fast.graphs.refused_spans
-    last = _turns(shared_data)[1][-1]
+    last = _turns(full_data)[1][-1]
     ids = torch.tensor(last.prompt_ids + last.output_ids, dtype=torch.long)
     chunks = ids.shape[0] // GRID
     assert chunks >= 31, chunks

@@ -378,6 +378,7 @@ print("ok", trials)
 """
 
 
+@pytest.mark.slow
 def test_sigkill_while_parking_never_loads_a_corrupt_state(ckpt, tmp_path):
     trials = 10 if os.environ.get("SHADOW_QUICK") else 50
     code = (KILL_DRIVER.replace("REPO", repr(str(Path(__file__).parents[2])))

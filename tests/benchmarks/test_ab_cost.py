@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.ab_cost import Run, build_service, load_sessions, main, pct_changes, spread, summarise, trace_cost
-from benchmarks.ab_engine import TurnTiming, build_main, serve_turn
+from benchmarks.ab_cost.arithmetic import pct_changes, spread, trace_cost
+from benchmarks.ab_cost.engine import TurnTiming, build_main, serve_turn
+from benchmarks.ab_cost.run import Run, build_service, load_sessions, main, summarise
 from shadow.adapters.telemetry import SpanTelemetry, span_record
 from shadow.core.records import ChunkRead
 
@@ -124,7 +125,7 @@ def real_turns(shared_data: Path) -> list[tuple[list[int], list[int]]]:
     return served[0].turns
 
 
-@pytest.mark.parametrize(("overlap", "thread"), [(False, False), (True, True)],
+@pytest.mark.parametrize(("overlap", "thread"), [pytest.param(False, False, marks=pytest.mark.slow), (True, True)],
                          ids=["blocking-ration-in-round", "overlapped-ration-thread"])
 def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path, overlap: bool, thread: bool,
                                                       monkeypatch) -> None:
@@ -174,6 +175,7 @@ def test_a_turn_reports_to_the_host_as_an_engine_does(real_turns, tmp_path: Path
         container.shutdown_resources()
 
 
+@pytest.mark.slow
 def test_the_cpu_smoke_run_writes_the_paired_result(shared_data: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     # the ration in the round: every slice ends inside its turn, so the turns' accounts and the spans
     # must agree to the chunk (on its own thread, a slice that ends after its turn is in spans only)
@@ -244,7 +246,7 @@ def test_agents_decode_together_and_report_as_an_engine_does(real_turns, tmp_pat
     """``--agents``: every agent's turns are served with each step advancing all agents in flight;
     each request's host calls come in an engine's order with the real ids, a step feeds each agent
     its previous real id, and the decode counts every agent's tokens once."""
-    from benchmarks.ab_agents import serve_agents
+    from benchmarks.ab_cost.agents import serve_agents
 
     container, service, _ = build_service(tmp_path, "tiny", CPU, torch.float32, 512, 0.02, tmp_path / "t.jsonl")
     try:

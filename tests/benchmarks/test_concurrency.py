@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.concurrency import Run, faster, main, parse_policy, pass_costs
-from benchmarks.freshness_sim import Policy
+from benchmarks.concurrency.costs import faster, pass_costs
+from benchmarks.concurrency.run import Run, main, parse_policy
+from benchmarks.freshness.sim import Policy
 
 SINGLE = [{"figure": "chunk", "model": "0.8b", "depth": 0, "ours_ms": 3.0},
           {"figure": "chunk", "model": "0.8b", "depth": 100_000, "ours_ms": 7.0}]

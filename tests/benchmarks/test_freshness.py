@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.freshness import CostModel, flat, from_rate_file, main, plot, summarise
-from benchmarks.freshness_sim import Knobs, Policy, SessionRun, replay_session
-from benchmarks.timelines import TIMING_BOTH, SessionTimeline, timeline_of
+from benchmarks.freshness.run import CostModel, flat, from_rate_file, main, plot, summarise
+from benchmarks.freshness.sim import Knobs, Policy, SessionRun, replay_session
+from benchmarks.freshness.timelines import TIMING_BOTH, SessionTimeline, timeline_of
 
 GRID = 512
 LADDER = (0.0, 0.5, 1.0, 2.0, 5.0)
@@ -114,7 +114,8 @@ def test_the_benchmark_writes_its_json_and_skips_the_plot_without_matplotlib(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     out = tmp_path / "freshness-test.json"
-    assert main(["--only", "openhands-sdk-llm-logs/llm-logs", "--chunk-ms", "35", "3", "--rations", "0", "2",
+    assert main(["--raw", str(shared_data / "sessions" / "raw"), "--only", "openhands-sdk-llm-logs/llm-logs",
+                 "--chunk-ms", "35", "3", "--rations", "0", "2",
                  "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["simulated"] is True and "not a GPU measurement" in doc["note"]

@@ -1,6 +1,7 @@
-"""benchmarks/ as its users meet it: the scripts a user runs at the top, each saying how to run it;
-one-off probes under probes/, still importable; results/ holding the newest run of each benchmark
-under a stable name with its date, commit and GPU, older runs in results/history/."""
+"""benchmarks/ as its users meet it: at the top only what a user runs (a script, or a package whose
+``run.py`` is the script and whose other modules are its parts), each saying how to run it; one-off
+probes under probes/, still importable; results/ holding the newest run of each benchmark under a
+stable name with its date, commit and GPU, older runs in results/history/."""
 
 from __future__ import annotations
 
@@ -14,17 +15,26 @@ import pytest
 from benchmarks.common import keep_newest, result_path
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-# what a user runs; the other top-level modules are their parts (each says whose)
-USER_SCRIPTS = ("read_rate", "freshness", "ab_cost", "spans", "concurrency", "soak", "warm_start")
+# what a user runs: packages (``python -m benchmarks.NAME`` runs NAME/run.py) and single scripts
+PACKAGES = ("read_rate", "freshness", "ab_cost", "concurrency", "soak")
+SCRIPTS = ("warm_start",)
+SHARED = ("common",)  # the helpers every benchmark uses: what it records, where results go
 
 
 def _docstring(path: Path) -> str:
     return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
 
 
-@pytest.mark.parametrize("name", USER_SCRIPTS)
+@pytest.mark.parametrize("name", PACKAGES + SCRIPTS)
 def test_each_user_script_says_how_to_run_it(name: str) -> None:
-    assert f"python -m benchmarks.{name}" in _docstring(BENCH / f"{name}.py")
+    script = BENCH / name / "run.py" if name in PACKAGES else BENCH / f"{name}.py"
+    assert f"python -m benchmarks.{name}" in _docstring(script)
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_a_package_runs_as_a_module_and_says_what_it_holds(name: str) -> None:
+    assert (BENCH / name / "__main__.py").read_text(encoding="utf-8").count(f"benchmarks.{name}.run import main") == 1
+    assert f"python -m benchmarks.{name}" in _docstring(BENCH / name / "__init__.py")
 
 
 @pytest.mark.parametrize("path", sorted((BENCH / "probes").glob("*.py")), ids=lambda p: p.stem)
@@ -39,11 +49,11 @@ def test_each_probe_imports_and_says_how_to_run_it(path: Path) -> None:
         pytest.skip(f"{path.stem} needs {e.name}, absent here")
 
 
-def test_the_top_holds_no_probe() -> None:
-    top = {p.stem for p in BENCH.glob("*.py")} - {"__init__"}
-    parts = {"common", "read_rate_exact", "read_rate_floor", "read_rate_peer", "read_rate_steps", "read_rate_batch",
-             "freshness_sim", "timelines", "ab_engine", "ab_agents"}
-    assert top == set(USER_SCRIPTS) | parts
+def test_the_top_holds_only_what_a_user_runs() -> None:
+    modules = {p.stem for p in BENCH.glob("*.py")} - {"__init__"}
+    packages = {p.name for p in BENCH.iterdir() if (p / "__init__.py").is_file()} - {"probes"}
+    assert modules == set(SCRIPTS) | set(SHARED)
+    assert packages == set(PACKAGES)
 
 
 def test_every_newest_result_records_date_commit_and_gpu() -> None:
@@ -60,9 +70,12 @@ def test_every_newest_result_records_date_commit_and_gpu() -> None:
 def test_the_readme_cites_only_files_that_exist() -> None:
     import re
 
-    for doc in (BENCH / "README.md", BENCH / "FRESHNESS.md"):
-        for cited in re.findall(r"`results/([^`*]+?)`", doc.read_text(encoding="utf-8")):
+    for doc in (BENCH / "README.md", BENCH / "freshness" / "README.md"):
+        text = doc.read_text(encoding="utf-8")
+        for cited in re.findall(r"`results/([^`*]+?)`", text):
             assert (BENCH / "results" / cited).exists(), f"{doc.name} cites results/{cited}"
+        for cited in re.findall(r"(?<![\w/])history/([\w-][\w.-]*\.(?:json|jsonl|txt|png))", text):
+            assert (BENCH / "results" / "history" / cited).exists(), f"{doc.name} cites history/{cited}"
 
 
 def test_a_new_run_moves_the_one_before_to_history(tmp_path: Path) -> None:

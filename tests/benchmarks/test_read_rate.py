@@ -8,11 +8,12 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import read_rate_floor as floor
-from benchmarks.read_rate import main
+from benchmarks.read_rate import floor
+from benchmarks.read_rate.run import main
 from shadow.backends.qwen35 import Qwen35, Qwen35Config
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
@@ -22,6 +23,7 @@ SESSION = "sessions/raw/mini-swe-agent-gemini3-swebench/django__django-16527.tra
 ROW_KEYS = {"model", "figure", "depth", "ours_ms", "eager_ms", "peer_ms", "floor_ms", "floor_bound"}
 
 
+@pytest.mark.slow
 def test_cpu_smoke_run_writes_every_figure_and_an_exact_session(shared_data, tmp_path, capsys):
     session = shared_data / SESSION
     code = main(["--out", str(tmp_path), "--device", "cpu", "--quick", "--session", str(session)])
@@ -101,11 +103,12 @@ def test_attention_counts_causal_keys_and_bytes_count_every_weight_once():
     assert floor.cost(cfg, 1, d, logits=True, elem_bytes=2).floor_ms(7e14, 4e12)[1] == "bytes"
 
 
+@pytest.mark.slow
 def test_attention_read_compares_each_session_with_its_own_call(monkeypatch):
     """``attention_read`` times the table form a read's pass runs; its ``equal`` must hold where every
     session's rows are its own ``attend`` call's, and fail where one is not (on the CPU: the Triton
     kernel under the interpreter, the graph replaced by calling the launch)."""
-    from benchmarks import read_rate_batch
+    from benchmarks.read_rate import batch as read_rate_batch
     from shadow.backends.qwen35.attention.triton import TritonAttention
 
     attention = TritonAttention()

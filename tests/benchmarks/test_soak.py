@@ -1,5 +1,5 @@
 """The soak's short form: a real `shadow serve` on loopback for 3 minutes under the demo model, 50
-sessions from the real timelines (or the shipped demo session without ../shared), the disk full
+sessions from the real timelines (../shared/data, else tests/data's subset), the disk full
 for 20 s, one kill -9 and restart; no 5xx, the cap never passed, every live session equal to a
 fresh prefill of the ids it read. The recorded 60-minute run: benchmarks/README.md."""
 
@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak import main
-from tests.conftest import _SHARED_DATA
+from benchmarks.soak.run import main
 
 
 @pytest.mark.slow
-def test_a_three_minute_soak_with_the_disk_full_and_a_kill(tmp_path: Path) -> None:
+def test_a_three_minute_soak_with_the_disk_full_and_a_kill(shared_data: Path, tmp_path: Path) -> None:
     out = main(["--minutes", "3", "--sessions", "50", "--threads", "10", "--turns", "2", "--max-ids", "4000",
-                "--disk-full-s", "20", "--data", str(_SHARED_DATA), "--work", str(tmp_path / "work"),
+                "--disk-full-s", "20", "--data", str(shared_data), "--work", str(tmp_path / "work"),
                 "--out", str(tmp_path / "soak.json")])
     events = [e["event"] for e in out["events"]]
     assert {"disk full", "disk no longer full", "kill -9", "restarted and loaded"} <= set(events)

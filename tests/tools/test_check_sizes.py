@@ -1,5 +1,5 @@
-"""tools/check_sizes.py on a scratch git repository: a Python file in shadow/ over 450 lines fails
-(tracked or new), the named exception and files elsewhere do not; and the project passes it."""
+"""tools/check_sizes.py on a scratch git repository: a Python file in shadow/ or benchmarks/ over 450 lines
+fails (tracked or new), as does a results trace over 100 KB; files elsewhere do not; the project passes."""
 
 from __future__ import annotations
 
@@ -38,3 +38,20 @@ def test_a_python_file_in_the_package_over_450_lines_fails(tmp_path: Path) -> No
 def test_the_project_passes() -> None:
     r = run()
     assert r.returncode == 0, r.stderr
+
+
+def test_the_benchmarks_keep_to_the_line_limit_and_their_traces_to_100_kb(tmp_path: Path) -> None:
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    write(tmp_path, "benchmarks/read_rate/run.py", 450)
+    (tmp_path / "benchmarks/results").mkdir(parents=True)
+    (tmp_path / "benchmarks/results/ab_cost.trace.jsonl").write_text("{}\n" * (100 * 1024 // 3))  # under 100 KB
+    (tmp_path / "benchmarks/results/ab_cost.json").write_text("[" + "1," * 200_000 + "1]")  # a result, not a trace
+    assert run("--root", str(tmp_path)).returncode == 0
+    write(tmp_path, "benchmarks/read_rate/run.py", 451)
+    r = run("--root", str(tmp_path))
+    assert r.returncode == 1 and "benchmarks/read_rate/run.py: 451 lines" in r.stderr
+    write(tmp_path, "benchmarks/read_rate/run.py", 450)
+    (tmp_path / "benchmarks/results/history").mkdir()
+    (tmp_path / "benchmarks/results/history/ab_cost_abc.trace.jsonl").write_text("{}\n" * 40_000)
+    r = run("--root", str(tmp_path))
+    assert r.returncode == 1 and "ab_cost_abc.trace.jsonl: 120,000 bytes, over the 100 KB limit" in r.stderr

@@ -10,7 +10,7 @@
   reads nothing).
 - ``turn``: the first design, one budget per turn: ``share`` of the time since the turn's first
   token, less what the turn used, spent on the turn's own session in order. Its cost adds up over
-  concurrent turns (``benchmarks/concurrency.py`` measures both).
+  concurrent turns (``benchmarks/concurrency`` measures both).
 
 Device-wide, a slice may gather (``gather``, ``gather_s``): while fewer than ``gather`` whole chunks
 are pending over every readable session, it reads nothing, for at most ``gather_s`` from the round
@@ -29,7 +29,7 @@ charged when the slice ends, if it still runs.
 With more than ``output_turns`` requests running (``RATION_OUTPUT_TURNS``, 1), a slice reads each
 session only below its settled end, the latest prompt's grid line (``SessionBook.settled_end``):
 an agent's next prompt mostly rewrites Qwen's output, so rows read past that line were mostly read
-again (17 % of the ration's chunks at 64 agents, ``benchmarks/concurrency.py``). With one request
+again (17 % of the ration's chunks at 64 agents, ``benchmarks/concurrency``). With one request
 running the output costs little, and reading it keeps fresh the turns whose prompt keeps it. The
 idle window, which costs the host nothing, reads everything.
 

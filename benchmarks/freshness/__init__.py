@@ -1,0 +1,1 @@
+"""The freshness replay (``python -m benchmarks.freshness``, see ``run.py`` and README.md) and its parts."""

@@ -1,0 +1,1 @@
+"""The soak: a real ``shadow serve`` fed for a set time (``python -m benchmarks.soak``, ``run.py``) and its parts."""

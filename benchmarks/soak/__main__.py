@@ -1,0 +1,5 @@
+"""``python -m benchmarks.soak``: runs ``run.main``."""
+
+from benchmarks.soak.run import main
+
+main()
