@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors import TensorSpec, serialize_file
 
-from shadow.backends.stores import tensor_file
+from shadow.backends import tensor_file
 from shadow.core.session import SessionBook, checked_meta
 
 FORMAT_VERSION = "shadow-session-2"  # 2: the checksum covers the metadata; files of 1 are refused
