@@ -65,6 +65,8 @@ GAUGES: dict[str, str] = {
     "disk_bytes": "Bytes of parked files",
     "backlog_ids": "Ids held and not yet read, all sessions together",
     "model_loaded": "1 once the model is loaded and warmed (the readiness gate), else 0",
+    "arithmetic_info": "1, labelled with the fingerprint of the bits this instance's reader makes (parks are "
+                       "shared only between equal fingerprints); no series before the model is loaded",
 }
 SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 NAMES = sorted([PREFIX + n + "_total" for n in COUNTERS] + [PREFIX + n for n in HISTOGRAMS]
@@ -86,9 +88,11 @@ class Gauges(Collector):
         shadow = self.source()
         where = dict.fromkeys(WHERE, 0)
         resident = disk = backlog = 0
+        fingerprint = None
         if shadow is not None:
             residency = shadow.residency
             with residency.lock:  # one consistent view; the facade holds it while it reads a chunk
+                fingerprint = shadow.reader.fingerprint  # the warm-up computed it (under this lock, were it not)
                 for name in residency.names():
                     w = residency.where(name)
                     where[w] = where.get(w, 0) + 1
@@ -105,6 +109,10 @@ class Gauges(Collector):
         yield GaugeMetricFamily(PREFIX + "disk_bytes", GAUGES["disk_bytes"], value=disk)
         yield GaugeMetricFamily(PREFIX + "backlog_ids", GAUGES["backlog_ids"], value=backlog)
         yield GaugeMetricFamily(PREFIX + "model_loaded", GAUGES["model_loaded"], value=int(shadow is not None))
+        info = GaugeMetricFamily(PREFIX + "arithmetic_info", GAUGES["arithmetic_info"], labels=["fingerprint"])
+        if fingerprint is not None:
+            info.add_metric([fingerprint], 1)
+        yield info
 
 
 class Metrics:

@@ -161,11 +161,15 @@ def open_header(path: Path, expect: Expect | None = None) -> Header:
         return read_header(f, path.stat().st_size, expect)
 
 
-def read(path: Path, expect: Expect | None = None) -> tuple[Header, dict[str, torch.Tensor]]:
+def read(path: Path, expect: Expect | None = None,
+         check: Callable[[Header], None] | None = None) -> tuple[Header, dict[str, torch.Tensor]]:
     """The header and every tensor, each read into memory of its own, in the file's order (one pass
-    over the data). ``expect``: as for ``open_header``, checked before a byte of data is read."""
+    over the data). ``expect`` as for ``open_header``; ``check``: the caller's own look at the header
+    (raising to refuse it). Both come before a byte of data is read or allocated."""
     with open(path, "rb") as f:
         header = read_header(f, path.stat().st_size, expect)
+        if check is not None:
+            check(header)
         base = f.tell()
         tensors: dict[str, torch.Tensor] = {}
         for name, s in sorted(header.slots.items(), key=lambda kv: kv[1].begin):

@@ -28,3 +28,8 @@ class StoreError(ShadowError):
 
 class TooMany(ShadowError):
     """A client asked for more of a bounded thing (holds) than the service keeps at once."""
+
+
+class StateLost(ShadowError):
+    """A session whose parked state was refused (a damaged file) and whose ids went with it: it has
+    nothing to answer from until the host's next prompt brings its ids back (409 on the API)."""

@@ -135,6 +135,9 @@ class StoreStatus:
     max_sessions: int | None = None
     forgotten: int = 0
     last_forgotten: str = ""
+    # the SHA-256 of the bits this instance's reader makes (``backends/fingerprint.py``): parks are
+    # shared between instances whose fingerprints are equal, and read again elsewhere
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True)

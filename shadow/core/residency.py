@@ -237,12 +237,13 @@ class Residency:
         # peek, not take: the file stays as what a crash falls back to, until a newer park replaces it
         t0 = time.perf_counter()
         got = self.disk.peek(name) if self.disk is not None and entry.where == "parked" else None
-        if got is not None:
+        if got is not None and got[1] is not None:
             self._timed("restore", t0)
             parked_book, tensors = got
             book = entry.book if entry.book is not None else parked_book
-        else:
-            book = entry.book if entry.book is not None else SessionBook(self.grid)
+        else:  # (book, None): a whole park under another fingerprint, whose ids are read again
+            parked_book = got[0] if got is not None else SessionBook(self.grid)
+            book = entry.book if entry.book is not None else parked_book
             if book.committed:  # dropped, or its parked file was refused: read the same ids again
                 book.reset_for_reread()
             tensors = self.new_tensors()
