@@ -16,9 +16,11 @@ interpreter) until the splits fill the device, and the merge runs from two split
 of 512, four chunks reach 2,048 keys: one split, then two (all the 0.8B's rule gives at 512 rows);
 on the CPU tests' grid of 64 they reach four splits. Then a tail of half a chunk that the
 question's fork covers with ``QUESTION`` ids of its own (more than the 16 rows from which the fork
-attends with the kernel, not torch's). Its cost is that of four chunks and one question, once. The ids come from SHA-256 in counter mode, below the
-vocabulary: fixed for a model, no file to ship. It is computed once per reader, on first need
-(``TorchReader.fingerprint``): at warm-up, and in any case before a park is written or restored.
+attends with the kernel, not torch's). Its cost is that of four chunks and one question, once.
+
+The ids come from SHA-256 in counter mode, below the vocabulary: fixed for a model, no file to
+ship. It is computed once per reader, on first need (``TorchReader.fingerprint``): at warm-up, and
+in any case before a park is written or restored.
 """
 
 from __future__ import annotations

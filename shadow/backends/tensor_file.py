@@ -110,6 +110,18 @@ def _nbytes(shape: tuple[int, ...], itemsize: int, limit: int) -> int | None:
     return size
 
 
+def _small_int(text: str) -> int:
+    """A header's integer: a dimension or an offset, never past 2**64 (20 digits). Longer ones are
+    refused before Python converts them (quadratic in their digits)."""
+    if len(text) > 20:
+        raise ValueError(f"an integer of {len(text)} digits in the header")
+    return int(text)
+
+
+def _no_number(text: str) -> Any:
+    raise ValueError(f"a number the format never holds in its header: {text[:40]}")
+
+
 def read_header(f: BinaryIO, file_len: int, expect: Expect | None = None) -> Header:
     head = f.read(8)
     if len(head) != 8:
@@ -121,7 +133,7 @@ def read_header(f: BinaryIO, file_len: int, expect: Expect | None = None) -> Hea
     data_len = file_len - 8 - n
     if expect is not None and data_len > expect.max_data:
         raise ValueError(f"{data_len} bytes of data, more than the {expect.max_data} this file may hold")
-    raw = json.loads(f.read(n))
+    raw = json.loads(f.read(n), parse_int=_small_int, parse_float=_no_number, parse_constant=_no_number)
     if not isinstance(raw, dict):
         raise ValueError("header is not a JSON object")
     metadata = raw.pop("__metadata__", None) or {}
