@@ -14,7 +14,8 @@ Torch-free: the tensors are the stores' and the reader's.
 
 Every byte held for a session is counted or bounded. A parked session keeps its position here
 (through the disk's index) and its ids in its file only, reloaded on restore; a file refused then
-leaves the session empty, to be fed again by the host's next prompt (a whole prompt, as always).
+leaves the session empty, to be fed again by the host's next prompt (a whole prompt, as always),
+except a whole park made under another reader's fingerprint: its ids come back and are read again.
 A dropped session keeps its ids to be read again, and they count against the cap: past it, once
 no resident session is left to evict, the least recently used dropped sessions are forgotten.
 Beyond ``max_sessions`` the least recently used session not in use is forgotten. Both are logged

@@ -30,7 +30,7 @@ NAMES = {
     "shadow_ration_seconds_total", "shadow_narrator_seconds_total", "shadow_questions_total",
     "shadow_narrations_total", "shadow_proxy_turns_total", "shadow_proxy_render_mismatches_total",
     "shadow_sessions", "shadow_resident_bytes", "shadow_resident_cap_bytes", "shadow_disk_bytes",
-    "shadow_backlog_ids", "shadow_model_loaded",
+    "shadow_backlog_ids", "shadow_model_loaded", "shadow_arithmetic_info",
     "shadow_behind_at_turn_start_ids", "shadow_chunk_seconds", "shadow_question_seconds", "shadow_park_seconds",
     "shadow_restore_seconds",
 }
