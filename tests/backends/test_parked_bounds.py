@@ -33,7 +33,7 @@ CHILD = textwrap.dedent("""
     from pathlib import Path
     import torch
     from shadow.backends.stores import DiskStore, parked
-    from tests.backends.parking import make, ids_for, MIB
+    from tests.backends.parking import make, ids_for, MIB, T0
 
     ckpt, work, case_cpu_s, memory_mib = Path(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
     sh = make(ckpt, work / "src")
@@ -44,8 +44,8 @@ CHILD = textwrap.dedent("""
     folder = work / "case"
     path = folder / parked.file_name("s")
 
-    def store():
-        return DiskStore(folder, reader, reader.weights_hash, max_bytes=64 * MIB)
+    def store():  # on the clock the park was made by (tests.backends.parking's T0): within its TTL
+        return DiskStore(folder, reader, reader.weights_hash, max_bytes=64 * MIB, clock=lambda: T0)
 
     folder.mkdir()
     path.write_bytes(good)

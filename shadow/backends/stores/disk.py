@@ -208,7 +208,8 @@ class DiskStore:
         return self._load(name, keep=True)
 
     def take(self, name: str) -> tuple[SessionBook, Any] | None:
-        """The parked session on the reader's device; its file goes. None if absent or refused."""
+        """The parked session on the reader's device; its file goes. None if absent or refused;
+        ``(book, None)`` under another fingerprint, as ``peek``."""
         return self._load(name, keep=False)
 
     def _load(self, name: str, keep: bool) -> tuple[SessionBook, Any] | None:
