@@ -16,8 +16,9 @@ Nothing a file claims is trusted before it is checked (``Layout``): the header's
 count are bounded by what a park of this model can hold, every name is one a park of this model
 has, every dtype, rank and dimension is the model's (a KV tensor's rows and the ids' count are free
 up to the store's cap, then checked against the book), and every byte range lies inside the file,
-all before a byte of data is read or allocated. A file refused costs time linear in its header; a
-file loaded costs memory for exactly what its checked book says the session holds.
+all before a byte of data is read or allocated. A file refused costs time linear in its size; a
+file loaded costs memory for exactly what its checked book says the session holds, and a file
+with holes (fewer bytes on disk than it claims) has its checksum checked a block at a time first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import math
 import os
 from array import array
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -124,7 +126,10 @@ def checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
         h.update(t.view(torch.uint8).reshape(-1).numpy().data)
         return h.digest()
 
-    names = sorted(tensors)
+    return _top(sorted(tensors), one, meta)
+
+
+def _top(names: list[str], one: Callable[[str], bytes], meta: dict[str, str]) -> str:
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         digests = list(pool.map(one, names))
     top = hashlib.blake2b(digest_size=32)
@@ -132,6 +137,40 @@ def checksum(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> str:
         top.update(d)
     top.update(json.dumps({k: v for k, v in meta.items() if k != "checksum"}, sort_keys=True).encode())
     return top.hexdigest()
+
+
+STREAM_BLOCK = 8 * 2**20  # bytes hashed at a time when a file is checked before it is read
+
+
+def file_checksum(path: Path, header: tensor_file.Header, meta: dict[str, str]) -> str:
+    """``checksum`` of the file's tensors as they lie on disk, read a block at a time: memory for
+    one block a thread, whatever the file claims (what a file with holes is checked with before
+    anything is allocated for it)."""
+    base = path.stat().st_size - header.data_len
+
+    def one(name: str) -> bytes:
+        s = header.slots[name]
+        h = hashlib.blake2b(digest_size=32)
+        h.update(f"{name}|{tensor_file.DTYPES[s.dtype]}|{list(s.shape)}|".encode())
+        with open(path, "rb", buffering=0) as f:
+            at, end = base + s.begin, base + s.end
+            while at < end:
+                block = os.pread(f.fileno(), min(STREAM_BLOCK, end - at), at)
+                if not block:
+                    raise ValueError(f"tensor {name!r} is cut short")
+                h.update(block)
+                at += len(block)
+        return h.digest()
+
+    return _top(sorted(header.slots), one, meta)
+
+
+def _has_holes(path: Path) -> bool:
+    """Fewer bytes on disk than the file's size: what it claims was never written (a sparse file).
+    A park is written whole; a compressing file system may say the same of one, which then only
+    costs a second read."""
+    st = os.stat(path)
+    return st.st_blocks * 512 < st.st_size
 
 
 def ids_tensor(ids: array[int]) -> torch.Tensor:
@@ -241,20 +280,28 @@ def load(path: Path, meta: dict[str, str], name: str, vocab_size: int, layout: L
     the header checked again as it is read (the file may have changed since), the checksum
     re-computed (and, given ``expect_checksum``, that of the park this process made), the session
     and the ids checked. Raises Refused, and nothing else."""
-    try:
-        def same(header: tensor_file.Header) -> None:  # the file may have changed since open_header
-            if header.metadata != meta:
-                raise ValueError("the header changed since it was opened")
-            _check_tensors(header, checked_meta(json.loads(meta["book"]), layout.grid), layout)
+    if expect_checksum is not None and meta["checksum"] != expect_checksum:  # known from the header alone
+        raise Refused("a valid file, but not the last park this process made of the session")
 
+    def same(header: tensor_file.Header) -> None:  # the file may have changed since open_header
+        if header.metadata != meta:
+            raise ValueError("the header changed since it was opened")
+        _check_tensors(header, checked_meta(json.loads(meta["book"]), layout.grid), layout)
+
+    try:
+        if _has_holes(path):  # its claims are not on disk: checked a block at a time before they are allocated
+            header = tensor_file.open_header(path, layout.expect)
+            same(header)
+            if file_checksum(path, header, meta) != meta["checksum"]:
+                raise Refused("checksum mismatch")
         _, data = tensor_file.read(path, layout.expect, same)  # not safetensors' get_tensor, which leaks
+    except Refused:
+        raise
     except Exception as e:  # a file cut or changed since its header was read
         raise Refused(f"unreadable: {type(e).__name__}: {str(e)[:200]}") from None
     try:
         if checksum(data, meta) != meta["checksum"]:
             raise Refused("checksum mismatch")
-        if expect_checksum is not None and meta["checksum"] != expect_checksum:
-            raise Refused("a valid file, but not the last park this process made of the session")
         if meta["session"] != name:  # a file that is not this session's, whatever else it gets right
             raise Refused(f"holds session {meta['session'][:80]!r}, not {name!r}")
         ids = data.pop("ids")
