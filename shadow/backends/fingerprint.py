@@ -13,10 +13,12 @@ holds: name, dtype, shape, bytes), then of a question's fp32 logits on top of it
 ``CHUNKS`` whole chunks, so that the attention's depth crosses the split rule's changes: its split
 count grows by one every ``MIN_SPLIT`` keys (1,024 on the GPU, 64 under the CPU tests' Triton
 interpreter) until the splits fill the device, and the merge runs from two splits on. On the grid
-of 512, four chunks reach 2,048 keys: one split, then two (all the 0.8B's rule gives at 512 rows);
-on the CPU tests' grid of 64 they reach four splits. Then a tail of half a chunk that the
-question's fork covers with ``QUESTION`` ids of its own (more than the 16 rows from which the fork
-attends with the kernel, not torch's). Its cost is that of four chunks and one question, once.
+of 512, eight chunks reach 4,096 keys: every split count the rule gives a 512-row chunk of the
+shipped shapes, on either kernel's tiles (the 0.8B and 2B: up to 4 with the Gluon kernels' 128-row
+programs, 2 with Triton's 64; the 4B: 2); on the CPU tests' grid of 64 they reach eight splits.
+Then a tail of half a chunk that the question's fork covers with ``QUESTION`` ids of its own (more
+than the 16 rows from which the fork attends with the kernel, not torch's). Its cost is that of
+eight chunks and one question, once.
 
 The ids come from SHA-256 in counter mode, below the vocabulary: fixed for a model, no file to
 ship. It is computed once per reader, on first need (``TorchReader.fingerprint``): at warm-up, and
@@ -36,7 +38,7 @@ from shadow.core.session import SessionBook
 if TYPE_CHECKING:
     from .reader import TorchReader
 
-CHUNKS = 4  # whole chunks read (see the module docstring)
+CHUNKS = 8  # whole chunks read (see the module docstring)
 QUESTION = 24  # a question's own ids after the half-chunk tail
 SEED = b"qwen38-shadow-fingerprint-1"
 
