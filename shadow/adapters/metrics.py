@@ -88,6 +88,8 @@ GAUGES: dict[str, str] = {
     "model_loaded": "1 once the model is loaded and warmed (the readiness gate), else 0",
     "store_up": "The shared store (STORE): 1 reachable at the last look, 0 not, -1 no store set",
     "sessions_unshared": "Resident sessions followed without a lease in the shared store (taken while it was down)",
+    "arithmetic_info": "1, labelled with the fingerprint of the bits this instance's reader makes (parks are "
+                       "shared only between equal fingerprints); no series before the model is loaded",
 }
 # the names engines use (vLLM's ``prompt_tokens_total``): tokens, not ids. The telemetry keeps calling
 # them by their first names (the keys above); only what Prometheus sees changed (CHANGELOG.md).
@@ -123,9 +125,11 @@ class Gauges(Collector):
         shadow = self.source()
         where = dict.fromkeys(WHERE, 0)
         resident = disk = backlog = 0
+        fingerprint = None
         if shadow is not None:
             residency = shadow.residency
             with residency.lock:  # one consistent view; the facade holds it while it reads a chunk
+                fingerprint = shadow.reader.fingerprint  # the warm-up computed it (under this lock, were it not)
                 for name in residency.names():
                     w = residency.where(name)
                     where[w] = where.get(w, 0) + 1
@@ -147,6 +151,10 @@ class Gauges(Collector):
         yield GaugeMetricFamily(PREFIX + "store_up", GAUGES["store_up"], value=up)
         yield GaugeMetricFamily(PREFIX + "sessions_unshared", GAUGES["sessions_unshared"],
                                 value=sharing.unshared if sharing is not None else 0)
+        info = GaugeMetricFamily(PREFIX + "arithmetic_info", GAUGES["arithmetic_info"], labels=["fingerprint"])
+        if fingerprint is not None:
+            info.add_metric([fingerprint], 1)
+        yield info
 
 
 class Metrics:

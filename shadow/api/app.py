@@ -28,7 +28,8 @@ Errors are JSON ``{"status_code", "detail"}``: 400 bad input (malformed or too d
 wrong types: bodies are decoded strictly, ``"17"`` and ``1.5`` are not token ids, ``373.0`` is; ids
 out of the vocabulary, choices that are not one token, a session beyond ``MAX_SESSION_IDS``, a hold
 beyond ``MAX_HOLD_S``, a foreign ``Host``), 401 no token when ``QWEN38_SHADOW_TOKEN`` is set, 403 a
-browser ``Origin`` not allowed, 404 unknown session, request or hold, 413 a body over
+browser ``Origin`` not allowed, 404 unknown session, request or hold, 409 a question about a
+session whose parked state was refused with its ids (until the host's next prompt), 413 a body over
 ``QWEN38_SHADOW_MAX_BODY_KB``, 415 a body that is not ``application/json``, 429 more holds than
 ``MAX_HOLDS`` or live requests than ``MAX_ARRIVED``, 503 the shadow off or its model not loaded yet
 (``guard.py`` says why each refusal before a route).
@@ -73,7 +74,7 @@ from litestar.status_codes import (
 from shadow.adapters.metrics import Metrics
 from shadow.adapters.records import Narrated, Narration, Status
 from shadow.adapters.service import ShadowService, ShadowUnavailable
-from shadow.core.errors import BadInput, HeldElsewhere, ShadowError, TooMany, UnknownSession
+from shadow.core.errors import BadInput, HeldElsewhere, ShadowError, StateLost, TooMany, UnknownSession
 from shadow.core.host import UnknownRequest
 from shadow.core.profiles import ProfileError
 from shadow.core.records import Answer, FeedResult, RoundResult, RouterAsk, StartedTurn, TurnTimeline
@@ -116,6 +117,8 @@ ERRORS = {
     415: _spec("The body is not application/json"),
     503: _spec("The shadow is off, or its model is not loaded yet, or failed to load"),
 }
+FORK_ERRORS = {**ERRORS, 409: _spec("The session's parked state was refused and its ids went with it (a damaged "
+                                    "file): nothing to answer from until the host's next prompt brings them")}
 
 
 @dataclass
@@ -156,7 +159,7 @@ class ShadowController(Controller):
     path = p.BASE
     tags = ("shadow",)
 
-    @post(p.ASK, responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.ASK, responses=FORK_ERRORS, status_code=200, sync_to_thread=True,
           summary="Ask a typed question about a session")
     def ask(self, data: AskBody, service: ShadowService) -> Answer:
         return service.ask(data.session, data.question, data.choices)
@@ -166,7 +169,7 @@ class ShadowController(Controller):
     def status(self, service: ShadowService) -> Status:
         return service.status()
 
-    @post(p.NARRATE, responses=ERRORS, status_code=200, sync_to_thread=True,
+    @post(p.NARRATE, responses=FORK_ERRORS, status_code=200, sync_to_thread=True,
           summary="The narrator's summary on top of a session")
     def narrate(self, data: NarrateBody, service: ShadowService) -> Narrated:
         return service.narrate(data.session, data.prompt, data.max_new)
@@ -366,6 +369,7 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
             UnknownSession: _problem(HTTP_404_NOT_FOUND),
             UnknownRequest: _problem(HTTP_404_NOT_FOUND),
             BadInput: _problem(HTTP_400_BAD_REQUEST),
+            StateLost: _problem(HTTP_409_CONFLICT),
             ProfileError: _problem(HTTP_400_BAD_REQUEST),
             TooMany: _problem(HTTP_429_TOO_MANY_REQUESTS),
             HeldElsewhere: _problem(HTTP_409_CONFLICT),

@@ -20,6 +20,7 @@ import torch
 from shadow.core.costs import pass_plan
 from shadow.core.session import SessionBook
 
+from . import tensor_file
 from .qwen35 import ModelState, Qwen35
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class TorchReader:
         self.timer = timer  # what a chunk's cost is measured with: injectable, as the schedulers' clock is
         self._eager_batch = max_batch  # the torch forward reads a pass's sessions one after the other
         self.fast: FastForward | None = None
+        self._fingerprint: str | None = None
         if fast:
             from .qwen35.fast.forward import FastForward
 
@@ -140,6 +142,17 @@ class TorchReader:
         return self.model.config.vocab_size
 
     @property
+    def fingerprint(self) -> str:
+        """The SHA-256 of the bits this reader makes (``fingerprint.py``), computed on first use (the
+        warm-up's, or else the first park's or restore's) and kept: parks carry it, and a park
+        made under another is read again rather than restored."""
+        if self._fingerprint is None:
+            from .fingerprint import fingerprint
+
+            self._fingerprint = fingerprint(self)
+        return self._fingerprint
+
+    @property
     def weights_hash(self) -> str:
         return self.model.weights_hash
 
@@ -171,6 +184,12 @@ class TorchReader:
                 out[f"checkpoint.{pos}.conv.{j}"] = conv[j].cpu()
                 out[f"checkpoint.{pos}.recurrent.{j}"] = rec[j].cpu()
         return out
+
+    def state_specs(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """``serialise``'s names for a session with no rows and no checkpoint, each with its dtype's
+        safetensors name and its shape (KV tensors: 0 rows); from an empty state's own tensors."""
+        return {name: (tensor_file.NAMES[t.dtype], tuple(t.shape))
+                for name, t in self.serialise(SessionBook(self.grid), self.new_session()).items()}
 
     @_on_own_stream
     def deserialise(self, book: SessionBook, data: Mapping[str, torch.Tensor]) -> SessionTensors:

@@ -45,3 +45,8 @@ class HeldElsewhere(ShadowError):
 class LeaseLost(StoreError):
     """This instance's lease on a session ran out and another instance took it (a pause past the
     lease, a split): its copy is stale and is dropped here, never parked over the newer one."""
+
+
+class StateLost(ShadowError):
+    """A session whose parked state was refused (a damaged file) and whose ids went with it: it has
+    nothing to answer from until the host's next prompt brings its ids back (409 on the API)."""

@@ -47,10 +47,22 @@ class Reader(Protocol):
         """The state's dtype by name (``float32``, ``bfloat16``)."""
         ...
 
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the bits this reader makes (kernels, library versions, device): a park made
+        under another fingerprint must never be restored here. Computed once, on first use."""
+        ...
+
     def new_session(self) -> Any: ...
 
     def warm_up(self) -> float:
         """Prepare what the first chunk would otherwise prepare (captures, compiles); seconds taken."""
+        ...
+
+    def state_specs(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Each tensor ``serialise`` writes for a session with no rows and no checkpoint, by name:
+        its dtype's safetensors name (``BF16``, ``F32``) and its shape (a KV tensor's with 0 rows).
+        What a parked file's header is checked against before its data is read."""
         ...
 
     def serialise(self, book: SessionBook, tensors: Any) -> dict[str, Any]:
@@ -127,7 +139,9 @@ class StateStore(Protocol):
     returns it and lets go of it. Both return None for a session the store does not hold, or holds
     in a form it refuses (corrupt, other weights, other grid, other format), which it then removes;
     ``put`` raises ``StoreError`` when it cannot store, leaving nothing half-written. The facade
-    restores with ``peek``: a parked file stays until a newer ``put`` replaces it or ``remove``."""
+    restores with ``peek``: a parked file stays until a newer ``put`` replaces it or ``remove``.
+    A park that is whole but was made under another reader's fingerprint comes back as
+    ``(book, None)``: the session's ids and bookkeeping without its state, to be read again."""
 
     def put(self, name: str, book: SessionBook, tensors: Any) -> int: ...
 

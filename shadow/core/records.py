@@ -151,6 +151,9 @@ class StoreStatus:
     # the shared store (STORE; None without one) and the sessions dropped because another instance took them
     sharing: Sharing | None = None
     lost: int = 0
+    # the SHA-256 of the bits this instance's reader makes (``backends/fingerprint.py``): parks are
+    # shared between instances whose fingerprints are equal, and read again elsewhere
+    fingerprint: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ Torch-free: the tensors are the stores' and the reader's.
 
 Every byte held for a session is counted or bounded. A parked session keeps its position here
 (through the disk's index) and its ids in its file only, reloaded on restore; a file refused then
-leaves the session empty, to be fed again by the host's next prompt (a whole prompt, as always).
+leaves the session empty, to be fed again by the host's next prompt (a whole prompt, as always),
+except a whole park made under another reader's fingerprint: its ids come back and are read again.
 A dropped session keeps its ids to be read again, and they count against the cap: past it, once
 no resident session is left to evict, the least recently used dropped sessions are forgotten.
 Beyond ``max_sessions`` the least recently used session not in use is forgotten. Both are logged
@@ -262,12 +263,13 @@ class Residency:
         # peek, not take: the file stays as what a crash falls back to, until a newer park replaces it
         t0 = time.perf_counter()
         got = self.disk.peek(name) if self.disk is not None and entry.where == "parked" else None
-        if got is not None:
+        if got is not None and got[1] is not None:
             self._timed("restore", t0)
             parked_book, tensors = got
             book = entry.book if entry.book is not None else parked_book
-        else:
-            book = entry.book if entry.book is not None else SessionBook(self.grid)
+        else:  # (book, None): a whole park under another fingerprint, whose ids are read again
+            parked_book = got[0] if got is not None else SessionBook(self.grid)
+            book = entry.book if entry.book is not None else parked_book
             if book.committed:  # dropped, or its parked file was refused: read the same ids again
                 book.reset_for_reread()
             tensors = self.new_tensors()

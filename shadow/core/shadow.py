@@ -19,7 +19,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from .costs import ChunkCosts, fits
-from .errors import BadInput, UnknownSession
+from .errors import BadInput, StateLost, UnknownSession
 from .leases import Leases, Sharing
 from .plan import ALL_READY, ReadPlan
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
@@ -30,6 +30,14 @@ from .session import Position, first_difference, int32_or_none
 from .token_ids import checked, packed
 
 OnPass = Callable[[list["ChunkRead"], "float | None", int, int], None]  # chunks, estimate, start, end (epoch ns)
+
+
+def _holds_ids(session: str, ids: Sequence[int]) -> None:
+    """A fork needs the session's ids: one without any lost them with a refused park (every feed
+    brings at least one), and an answer from no context at all would pass for one about it."""
+    if not ids:
+        raise StateLost(f"session {session!r} holds no ids: its parked state was refused and its ids went with "
+                        "it; the host's next prompt brings them back")
 
 
 class Shadow:
@@ -193,6 +201,7 @@ class Shadow:
         request waits on them."""
         with self._lock:
             self.reader.warm_up()
+            self.reader.fingerprint  # noqa: B018  # computed now, in the idle window, before any restore needs it
             self.reader.fresh([0] * self.grid)
             self.prompter.question_ids("?")  # the chat template and the tokenizer, loaded before a question
             self.prompter.single_token("A")
@@ -341,6 +350,7 @@ class Shadow:
             tokens = choice_tokens(self.prompter, choices)
             q = question_ids(self.prompter, self.reader.vocab_size, question)
             with self.residency.using(session) as (book, tensors):
+                _holds_ids(session, book.ids)
                 if at is not None and not book.committed <= at <= len(book.ids):
                     raise BadInput(f"cannot ask at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
@@ -367,6 +377,7 @@ class Shadow:
             self.residency.check(session)
             ids = question_ids(self.prompter, self.reader.vocab_size, prompt)
             with self.residency.using(session) as (book, tensors):
+                _holds_ids(session, book.ids)
                 if at is not None and not book.committed <= at <= len(book.ids):
                     raise BadInput(f"cannot decode at {at}: the session has {len(book.ids)} ids and "
                                    f"{book.committed} are read already")
@@ -411,7 +422,8 @@ class Shadow:
                                 disk=self.disk is not None, park_failures=self.residency.park_failures,
                                 last_store_error=self.residency.last_store_error, dropped_bytes=b.dropped_bytes,
                                 rss_bytes=b.rss_bytes, max_sessions=b.max_sessions, forgotten=b.forgotten,
-                                last_forgotten=b.last_forgotten, sharing=self.sharing(), lost=self.residency.lost)
+                                last_forgotten=b.last_forgotten, sharing=self.sharing(), lost=self.residency.lost,
+                                fingerprint=self.reader.fingerprint)
             lines = {name: self.session_status(name) for name in self.residency.names()}
             return ShadowStatus(store, {name: line for name, line in lines.items() if line is not None})
 

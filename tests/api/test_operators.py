@@ -36,6 +36,7 @@ NAMES = {
     "shadow_store_parks_total", "shadow_store_park_failures_total", "shadow_store_restores_total",
     "shadow_store_parks_refused_total", "shadow_stale_parks_refused_total", "shadow_leases_lost_total",
     "shadow_store_up", "shadow_sessions_unshared",
+    "shadow_arithmetic_info",
     "shadow_restore_seconds",
     "shadow_model_info", "shadow_sessions_forgotten_total", "shadow_park_failures_total", "shadow_host_requests",
     "shadow_holds", "shadow_turns_finished_total", "shadow_narrator_failures_total", "shadow_narrator_skipped_total",
@@ -152,7 +153,10 @@ def test_after_a_real_session_the_counters_equal_the_services_own_counts(checkpo
         data[-1] ^= 0xFF
         parked.write_bytes(bytes(data))
         committed = session.committed
-        svc.ask("demo", "Did the agent finish? A: yes, B: no. Answer with the letter.", ["A", "B"])
+        # its ids went with it: a question has no context at all, and says so (409), not behind: 0 (issue 56, R4)
+        r = client.post(BASE + "/ask", json={"session": "demo", "question": "Did the agent finish? A: yes, B: no. "
+                                             "Answer with the letter.", "choices": ["A", "B"]})
+        assert r.status_code == 409 and "holds no ids" in r.json()["detail"], r.text
         st = svc.status()
         m2 = scrape(client)
     session = st.sessions["demo"]
@@ -162,6 +166,7 @@ def test_after_a_real_session_the_counters_equal_the_services_own_counts(checkpo
     # the file held the session's ids (README, "Every byte counted or bounded"): refused, the session is
     # empty until the host's next prompt feeds it again, so the question had nothing of it to read
     assert (session.ids, session.committed) == (0, 0) and committed > 0
+    assert st.store.fingerprint and sample(m2, "shadow_arithmetic_info", fingerprint=st.store.fingerprint) == 1
     assert sample(m2, "shadow_chunks_total", window="ask") == 0
     assert sample(m2, "shadow_read_tokens_total") == sample(m, "shadow_read_tokens_total")
 
@@ -231,4 +236,4 @@ def test_every_refusal_of_a_parked_file_has_a_bounded_reason() -> None:
     reasons = {disk.refusal_reason(m) for m in starts + identity}
     assert len(starts) >= 7 and "other" not in reasons
     assert reasons == {"unreadable", "format", "weights", "grid", "dtype", "metadata", "checksum", "not_last_park",
-                       "session", "vocabulary", "model"}
+                       "session", "vocabulary", "model", "fingerprint"}

@@ -21,9 +21,9 @@ T0 = 1_000_000.0  # the stores' wall clock at the start of a test
 
 
 def make(ckpt: Path, disk: Path | None, cap_mib: float = 64, clock: FakeClock | None = None,
-         disk_mib: float = 1024, grid: int = 64):
+         disk_mib: float = 1024, grid: int = 64, fast: str = "off"):
     s = ShadowSettings(_env_file=None, model=str(ckpt), device="cpu", dtype="float32", grid=grid,
-                       gb=cap_mib / 1024, disk=str(disk) if disk else "off", disk_gb=disk_mib / 1024)
+                       gb=cap_mib / 1024, disk=str(disk) if disk else "off", disk_gb=disk_mib / 1024, fast=fast)
     c = build_container(s)
     if disk is not None:
         reader = c.reader()

@@ -1,4 +1,4 @@
-"""The safetensors reader of parked files (``stores/tensor_file.py``) beside safetensors' own: the same
+"""The safetensors reader of parked files (``backends/tensor_file.py``) beside safetensors' own: the same
 tensors and metadata bit for bit, nothing left alive per read, and a damaged file a ValueError."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from shadow.backends.stores import tensor_file
+from shadow.backends import tensor_file
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -41,8 +41,10 @@ def test_a_file_reads_as_safetensors_reads_it(tmp_path: Path) -> None:
     for name, t in want.items():
         assert got[name].dtype == t.dtype and got[name].shape == t.shape, name
         assert torch.equal(got[name], t), name
-    got["k.0"][0, 0, 0] = 7  # writable, and a view of its own bytes only
+    got["k.0"][0, 0, 0] = 7  # writable, and its own bytes only
     assert torch.equal(got["recurrent.3"], want["recurrent.3"])
+    for name, t in got.items():  # each owns its memory: one kept does not keep the file's other bytes alive
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), name
 
 
 def test_reading_leaves_nothing_alive(tmp_path: Path) -> None:

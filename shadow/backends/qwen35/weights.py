@@ -17,7 +17,7 @@ import torch
 
 from shadow.core.errors import CheckpointError
 
-from ..stores.tensor_file import Slot, open_header
+from ..tensor_file import ByteRange, open_header
 from .config import FULL, Qwen35Config
 
 # Key prefixes of the text model in the published layouts: the multimodal release, a text-only
@@ -95,7 +95,7 @@ class _Entry:
     end: int
 
 
-def _read_header(path: Path) -> tuple[int, dict[str, Slot]]:
+def _read_header(path: Path) -> tuple[int, dict[str, ByteRange]]:
     """Where the data starts, and each tensor's slot: the one safetensors reader of the project
     (``tensor_file``), whose checks are the format's own; a file it refuses is a clear error."""
     try:

@@ -5,7 +5,10 @@ A file's name is a digest of the session's name. Writing goes to a temporary nam
 folder, is fsynced, renamed over the final name, and the folder is fsynced. Opening checks every
 metadata field; loading re-computes the checksum and checks the session asked for. A file that is
 cut, altered, misnamed, written for other weights, another grid, dtype or format is refused and
-removed, and the session is read again; nothing a file holds raises out of the store. Files older
+removed, and the session is read again; nothing a file holds raises out of the store. A whole file
+made under another fingerprint (other kernels, device or library versions: ``fingerprint.py``) is
+refused too, but it holds the session's ids, checksum and all: those come back, and the session
+is read again from them, exactly, without waiting for the host's next prompt. Files older
 than the TTL go, and the oldest go first while the folder holds more than its cap.
 
 A file stays after its session is restored: until a newer park replaces it or the session is
@@ -67,6 +70,7 @@ def _claim(root: Path) -> tuple[Path, int]:
 
 # a refusal's message -> its bounded reason (a metric's label): the messages below start so
 REASONS = (("unreadable", "unreadable"), ("bad file", "unreadable"), ("format is", "format"),
+           ("fingerprint is", "fingerprint"),
            ("weights_hash is", "weights"), ("grid is", "grid"), ("dtype is", "dtype"), ("bad metadata", "metadata"),
            ("checksum", "checksum"), ("a valid file, but not the last park", "not_last_park"),
            ("holds session", "session"), ("ids outside", "vocabulary"), ("does not fit", "model"))
@@ -92,6 +96,8 @@ class DiskStore:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self.clock = clock
+        # what a park of this model holds, by name: every header is checked against it before its data is read
+        self.layout = parked.Layout(reader.state_specs(), reader.grid, max_bytes)
         self.refused: list[tuple[str, str]] = []  # (file, why): what was removed instead of loaded
         self._index: dict[str, dict[str, Any]] = {}
         # The checksum of each park this process made: restoring takes that park and no other valid
@@ -119,7 +125,7 @@ class DiskStore:
     def _header(self, path: Path) -> dict[str, str] | None:
         """The file's metadata, every field checked, or None when it is refused (and removed)."""
         try:
-            return parked.open_header(path, self._identity, self.reader.grid, self.clock())
+            return parked.open_header(path, self._identity, self.layout, self.clock())
         except Refused as e:
             self._refuse(path, str(e))
             return None
@@ -166,8 +172,9 @@ class DiskStore:
 
     @property
     def identity(self) -> dict[str, str]:
-        """The fields a parked file must match to load here (what a shared store's manifest records)."""
-        return self._identity
+        """The fields a parked file must match to load here (what a shared store's manifest records),
+        the reader's fingerprint included."""
+        return {**self._identity, parked.FINGERPRINT: self.reader.fingerprint}
 
     def park_of(self, name: str) -> tuple[Path, str] | None:
         """The session's parked file and its checksum (the park's identity), None when none."""
@@ -207,7 +214,7 @@ class DiskStore:
         if not self._unlock.alive:
             raise StoreError(f"could not park session {name!r}: the store at {self.root} is closed")
         now = self.clock()
-        data, meta = parked.encode(name, book, self.reader.serialise(book, tensors), self._identity, now)
+        data, meta = parked.encode(name, book, self.reader.serialise(book, tensors), self.identity, now)
         final = self._path(name)
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         try:
@@ -231,11 +238,13 @@ class DiskStore:
 
     def peek(self, name: str) -> tuple[SessionBook, Any] | None:
         """A copy of the parked session on the reader's device; the file stays (what restoring uses:
-        the file is what a crash falls back to). None if absent or refused."""
+        the file is what a crash falls back to). None if absent or refused; ``(book, None)`` for a
+        park made under another fingerprint (refused and removed; its ids are the session's)."""
         return self._load(name, keep=True)
 
     def take(self, name: str) -> tuple[SessionBook, Any] | None:
-        """The parked session on the reader's device; its file goes. None if absent or refused."""
+        """The parked session on the reader's device; its file goes. None if absent or refused;
+        ``(book, None)`` under another fingerprint, as ``peek``."""
         return self._load(name, keep=False)
 
     def _load(self, name: str, keep: bool) -> tuple[SessionBook, Any] | None:
@@ -247,8 +256,14 @@ class DiskStore:
         meta = self._header(path)
         if meta is None:
             return None
+        ours = self.reader.fingerprint  # known before any state is restored
         try:
-            book, data = parked.load(path, meta, name, self.reader.vocab_size, made)
+            book, data = parked.load(path, meta, name, self.reader.vocab_size, self.layout, made)
+            if meta[parked.FINGERPRINT] != ours:  # whole, but other arithmetic's bits: its ids are read again
+                del data
+                self._refuse(path, f"fingerprint is {meta[parked.FINGERPRINT][:16]}..., this reader's is "
+                                   f"{ours[:16]}...: parked under other arithmetic, its ids are read again")
+                return book, None
             tensors = self.reader.deserialise(book, data)
         except Refused as err:
             self._refuse(path, str(err))

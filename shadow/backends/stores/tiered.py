@@ -25,6 +25,7 @@ from shadow.core.errors import LeaseLost
 from shadow.core.protocols import Stored, Telemetry
 from shadow.core.session import SessionBook
 
+from . import parked
 from .disk import DiskStore
 from .redis_leases import RedisLeases
 from .redis_parks import Manifest, PartRefused, RedisParks
@@ -124,7 +125,10 @@ class TieredStore:
     # ---- from the store ----------------------------------------------------------------------
 
     def _from_store(self, name: str, m: Manifest) -> tuple[SessionBook, Any] | None:
-        if m.identity != self.disk.identity:
+        # another fingerprint is no reason to refuse here: the file comes down and the disk's own check
+        # refuses it keeping its ids (the session is read again at once, as for a local park)
+        ours = {k: v for k, v in self.disk.identity.items() if k != parked.FINGERPRINT}
+        if {k: v for k, v in m.identity.items() if k != parked.FINGERPRINT} != ours:
             why = f"parked under {m.identity}, this reader has {self.disk.identity}"
             self._refuse(name, PartRefused("identity", why))
             return None
