@@ -60,6 +60,11 @@ def _session_ids() -> list[int]:
     return list(last.prompt_ids) + list(last.output_ids)
 
 
+def _fingerprint(sh: object) -> str | None:
+    """The status's fingerprint (``store.fingerprint``), None where this version has none."""
+    return getattr(getattr(sh.status(), "store", None), "fingerprint", None) or None  # type: ignore[attr-defined]
+
+
 def _settings(model: Path, device: str, fast: str, disk: str):  # type: ignore[no-untyped-def]
     from shadow import ShadowSettings
 
@@ -87,7 +92,7 @@ def digest(model: Path, device: str) -> dict[str, object]:
            "worst_tensor": report.worst_tensor, "largest_difference": report.largest_difference,
            "tensors": len(state), "state_sha256": _digest(state),
            "answer_probs": answer.probs, "answer_sha256": hashlib.sha256(probs.encode()).hexdigest(),
-           "warm_up_s": round(warm_s, 2), "status_fingerprint": getattr(sh.status(), "fingerprint", None)}
+           "warm_up_s": round(warm_s, 2), "status_fingerprint": _fingerprint(sh)}
     sh.close()
     return out
 
@@ -108,7 +113,7 @@ def phase(model: Path, device: str, fast: str, disk: str, which: str) -> dict[st
         got, want = sh.export_state("cross"), sh.fresh_state(ids)
         out["unequal"] = sorted(k for k in want if k not in got or not torch.equal(got[k], want[k]))
         out["tensors"] = len(want)
-        out["fingerprint"] = getattr(sh.status(), "fingerprint", None)
+        out["fingerprint"] = _fingerprint(sh)
     sh.close()  # a planned stop parks every resident session
     return out
 
@@ -138,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tmp", default=None)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="arithmetic_check.json")
+    ap.add_argument("--cross", default="on-off,on-on,off-off",
+                    help="the FAST settings of the parking and the restoring process, comma-separated pairs")
     ap.add_argument("--phase", choices=("park", "restore"), default=None, help=argparse.SUPPRESS)
     ap.add_argument("--fast", default="on", help=argparse.SUPPRESS)
     ap.add_argument("--disk", default="off", help=argparse.SUPPRESS)
@@ -148,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     model = Path(a.model) if a.model else _checkpoint(Path(a.tmp or tempfile.mkdtemp()) / f"m-{a.size}", a.size)
     result: dict[str, object] = {"environment": environment(), "size": a.size, "device": a.device,
                                  "digest": digest(model, a.device),
-                                 "cross": [cross(model, a.device, f, s) for f, s in (("on", "off"), ("on", "on"),
-                                                                                       ("off", "off"))]}
+                                 "cross": [cross(model, a.device, *p.split("-")) for p in a.cross.split(",") if p]}
     path = result_path(a.out, a.name)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "environment"}, indent=2))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 PREFIX = "shadow_"
 # the parked-file refusals' reasons (``shadow.backends.stores.disk.REASONS``, and "other")
 REFUSAL_REASONS = ("unreadable", "format", "weights", "grid", "dtype", "metadata", "checksum", "not_last_park",
-                   "session", "vocabulary", "model", "other")
+                   "session", "vocabulary", "model", "fingerprint", "other")
 SKIPS = ("budget", "not_loaded", "request_gone")  # the narrator's (``shadow.adapters.narrator``)
 INFO_LABELS = ("model", "weights_hash", "grid", "dtype", "device", "kernel", "version")
 NOT_FOLLOWED = ("undecodable_body", "no_messages", "render", "unparseable_event", "shadow_refused", "shadow_error")
