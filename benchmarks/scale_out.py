@@ -611,12 +611,14 @@ def replay_main(args: argparse.Namespace) -> int:
     rate_file = args.rate_file or newest_rate_file()
     if rate_file is None:
         raise SystemExit("no read_rate result under benchmarks/results: run benchmarks/read_rate.py first")
-    store_src = RESULTS / "scale_out_store.json"
+    gpu_src, store_src = RESULTS / "scale_out_store-gpu.json", RESULTS / "scale_out_store.json"
+    if gpu_src.is_file():  # the GPU machine's figure, where measured: this box's CPUs are shared
+        store_src = gpu_src
     store_gbps = args.store_gbps or measured_rate(store_src, "redis_restore_GBps")
     if not store_gbps:
         raise SystemExit(f"no store rate: give --store-gbps, or run `python -m benchmarks.scale_out store` first "
                          f"({store_src} holds its figure)")
-    copy_src = RESULTS / "scale_out_store-gpu.json"
+    copy_src = gpu_src
     copy_gbps = args.copy_gbps or measured_rate(copy_src, "host_to_device_GBps")
     costs = pass_costs(rate_file, args.rate_model)
     policy = parse_policy(args.policy)
@@ -662,7 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--loss-every", type=float, default=30.0, help="simulated minutes between losses")
     r.add_argument("--arms", nargs="*", default=list(ARMS), choices=ARMS)
     r.add_argument("--policy", default=POLICY, help=f"the ration (benchmarks.concurrency's form; default {POLICY})")
-    r.add_argument("--store-gbps", type=float, help="the store's rate (default: results/scale_out_store.json's)")
+    r.add_argument("--store-gbps", type=float, help="the store's rate (default: results/scale_out_store-gpu.json's,\n"
+                                                    "else scale_out_store.json's)")
     r.add_argument("--copy-gbps", type=float, help="host to device copy rate (default: scale_out_store-gpu.json's)")
     r.add_argument("--lease-s", type=float, default=5.0, help="the lost holder's lease (LEASE_S's default: 5)")
     r.add_argument("--model", default="0.8B", choices=("0.8B", "2B", "4B"), help="whose bytes a park holds")
