@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # concrete types for the checker only: importing them here wo
     from shadow.backends.reader import TorchReader
     from shadow.backends.schedulers import IdleScheduler, RationedScheduler
     from shadow.backends.stores import DiskStore, MemoryStore
+    from shadow.backends.stores.redis_leases import RedisLeases
+    from shadow.backends.stores.tiered import TieredStore
     from shadow.core.host import HostActivity
     from shadow.core.profiles import Profiles
     from shadow.core.scheduling import Telemetry
@@ -99,17 +101,58 @@ def _disk(settings: ShadowSettings, reader: TorchReader, telemetry: Telemetry) -
     return DiskStore(root / digest[:16], reader, digest, max_bytes=int(settings.disk_gb * 2**30), telemetry=telemetry)
 
 
+# ---- the shared store (STORE: docs/scale-out.md) -----------------------------------------------
+
+
+def _store_kind(settings: ShadowSettings) -> Literal["local", "shared"]:
+    if not settings.store:
+        return "local"
+    if _disk_kind(settings) == "off":
+        raise BadInput("QWEN38_SHADOW_STORE needs QWEN38_SHADOW_DISK: the local disk is the shared store's fast tier")
+    return "shared"
+
+
+def _redis(settings: ShadowSettings) -> Iterator[object]:
+    """The redis-py client of STORE (no connection is made until the first command)."""
+    import logging
+
+    from shadow.backends.stores.redis_parks import connect, masked
+
+    client = connect(settings.store, cluster=settings.store_cluster)
+    logging.getLogger(__name__).info("shared store %s (instance %s)", masked(settings.store), settings.instance_name)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _leases(settings: ShadowSettings, client: object, reader: TorchReader, telemetry: Telemetry) -> RedisLeases:
+    from shadow.backends.stores.redis_leases import RedisLeases
+    from shadow.backends.stores.redis_parks import Keys, masked
+
+    return RedisLeases(client, Keys(reader.weights_hash), settings.instance_name, lease_s=settings.lease_s,
+                       url=masked(settings.store), telemetry=telemetry)
+
+
+def _tiered(disk: DiskStore, client: object, leases: RedisLeases, telemetry: Telemetry, part_bytes: int) -> TieredStore:
+    from shadow.backends.stores.redis_parks import Keys, RedisParks
+    from shadow.backends.stores.tiered import TieredStore
+
+    parks = RedisParks(client, Keys(disk.weights_hash), ttl_s=disk.ttl_s, part_bytes=part_bytes)
+    return TieredStore(disk, parks, leases, telemetry)
+
+
 def _prompter() -> QwenPrompter:
     from shadow.adapters.prompter import QwenPrompter
 
     return QwenPrompter()
 
 
-def _shadow(reader: TorchReader, prompter: QwenPrompter, memory: MemoryStore, disk: DiskStore | None,
-            settings: ShadowSettings, telemetry: Telemetry) -> Shadow:
+def _shadow(reader: TorchReader, prompter: QwenPrompter, memory: MemoryStore, disk: DiskStore | TieredStore | None,
+            settings: ShadowSettings, telemetry: Telemetry, leases: RedisLeases | None) -> Shadow:
     # Concrete types in, protocols out: the checker verifies each backend against its Protocol here.
     return Shadow(reader, prompter, memory=memory, disk=disk, cap_bytes=int(settings.gb * 2**30),
-                  max_sessions=settings.max_sessions, telemetry=telemetry)
+                  max_sessions=settings.max_sessions, telemetry=telemetry, leases=leases)
 
 
 # ---- the service -------------------------------------------------------------------------------
@@ -216,7 +259,16 @@ class Container(containers.DeclarativeContainer):
     memory = providers.Singleton(_memory)
     disk = providers.Selector(providers.Callable(_disk_kind, settings),
                               on=providers.Singleton(_disk, settings, reader, telemetry), off=providers.Object(None))
-    shadow = providers.Singleton(_shadow, reader, prompter, memory, disk, settings, telemetry)
+    # with STORE: the disk in front of the shared Redis, and the leases that hold a session to one instance
+    redis = providers.Resource(_redis, settings)
+    store_part_bytes = providers.Object(8 * 2**20)  # a park's parts in the store (tests inject smaller ones)
+    leases = providers.Selector(providers.Callable(_store_kind, settings),
+                                shared=providers.Singleton(_leases, settings, redis, reader, telemetry),
+                                local=providers.Object(None))
+    parked = providers.Selector(providers.Callable(_store_kind, settings),
+                                shared=providers.Singleton(_tiered, disk, redis, leases, telemetry,
+                                                          store_part_bytes), local=disk)
+    shadow = providers.Singleton(_shadow, reader, prompter, memory, parked, settings, telemetry, leases)
 
     # ---- the service (see the module docstring) ----
     clock = providers.Object(time.monotonic)

@@ -48,6 +48,13 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "narrations": ("Summaries the narrator wrote", ()),
     "proxy_turns": ("Chat completions the proxy followed as turns", ()),
     "proxy_render_mismatches": ("Turns whose rendered prompt differed from the engine's", ()),
+    # the shared store (STORE, docs/scale-out.md)
+    "store_parks": ("Parks sent to the shared store (beside the local file)", ()),
+    "store_park_failures": ("Parks kept on the local disk only because the shared store could not be reached", ()),
+    "store_restores": ("Sessions restored from the shared store's parts", ()),
+    "store_parks_refused": ("Parks in the shared store refused on reading (and deleted), by reason", ("reason",)),
+    "stale_parks_refused": ("Parks the shared store refused because a newer holder had the session", ()),
+    "leases_lost": ("Sessions dropped here because another instance took their lease", ()),
 }
 # ``behind_at_turn_start_ids``' buckets are grid multiples minus one, so that ``le="<grid-1>"`` counts
 # the fresh turn starts (less than one chunk behind)
@@ -65,6 +72,8 @@ GAUGES: dict[str, str] = {
     "disk_bytes": "Bytes of parked files",
     "backlog_ids": "Ids held and not yet read, all sessions together",
     "model_loaded": "1 once the model is loaded and warmed (the readiness gate), else 0",
+    "store_up": "The shared store (STORE): 1 reachable at the last look, 0 not, -1 no store set",
+    "sessions_unshared": "Resident sessions followed without a lease in the shared store (taken while it was down)",
 }
 SECONDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 NAMES = sorted([PREFIX + n + "_total" for n in COUNTERS] + [PREFIX + n for n in HISTOGRAMS]
@@ -105,6 +114,11 @@ class Gauges(Collector):
         yield GaugeMetricFamily(PREFIX + "disk_bytes", GAUGES["disk_bytes"], value=disk)
         yield GaugeMetricFamily(PREFIX + "backlog_ids", GAUGES["backlog_ids"], value=backlog)
         yield GaugeMetricFamily(PREFIX + "model_loaded", GAUGES["model_loaded"], value=int(shadow is not None))
+        sharing = shadow.sharing() if shadow is not None else None
+        up = -1 if sharing is None or sharing.store == "off" else int(sharing.store == "up")
+        yield GaugeMetricFamily(PREFIX + "store_up", GAUGES["store_up"], value=up)
+        yield GaugeMetricFamily(PREFIX + "sessions_unshared", GAUGES["sessions_unshared"],
+                                value=sharing.unshared if sharing is not None else 0)
 
 
 class Metrics:

@@ -64,6 +64,7 @@ from litestar.response.sse import ServerSentEventMessage
 from litestar.status_codes import (
     HTTP_400_BAD_REQUEST,
     HTTP_404_NOT_FOUND,
+    HTTP_409_CONFLICT,
     HTTP_429_TOO_MANY_REQUESTS,
     HTTP_500_INTERNAL_SERVER_ERROR,
     HTTP_503_SERVICE_UNAVAILABLE,
@@ -73,7 +74,7 @@ from shadow.adapters.metrics import Metrics
 from shadow.adapters.narrator import Narration
 from shadow.adapters.service import Narrated, ShadowService, ShadowUnavailable
 from shadow.adapters.status import Status
-from shadow.core.errors import BadInput, ShadowError, TooMany, UnknownSession
+from shadow.core.errors import BadInput, HeldElsewhere, ShadowError, TooMany, UnknownSession
 from shadow.core.host import UnknownRequest
 from shadow.core.profiles import ProfileError
 from shadow.core.records import Answer, FeedResult, RoundResult, StartedTurn, TurnTimeline
@@ -109,6 +110,8 @@ ERRORS = {
     400: _spec("Bad input: malformed or too deeply nested JSON, wrong types or fields, ids out of the "
                "vocabulary, choices that are not one token, an unknown profile, a session too long, "
                "a foreign Host header"),
+    409: _spec("Another instance holds the session's lease in the shared store (QWEN38_SHADOW_STORE): the "
+               "detail names it"),
     413: _spec("The body is larger than QWEN38_SHADOW_MAX_BODY_KB"),
     415: _spec("The body is not application/json"),
     503: _spec("The shadow is off, or its model is not loaded yet, or failed to load"),
@@ -367,6 +370,7 @@ def create_app(container: Any = None, *, start_idle_loop: bool = True) -> Litest
             BadInput: _problem(HTTP_400_BAD_REQUEST),
             ProfileError: _problem(HTTP_400_BAD_REQUEST),
             TooMany: _problem(HTTP_429_TOO_MANY_REQUESTS),
+            HeldElsewhere: _problem(HTTP_409_CONFLICT),
             ShadowUnavailable: _problem(HTTP_503_SERVICE_UNAVAILABLE),
             ShadowError: _problem(HTTP_500_INTERNAL_SERVER_ERROR),
             Exception: _internal,

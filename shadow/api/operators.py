@@ -50,6 +50,7 @@ class Readiness(Struct):
     ready: bool
     state: str  # the model's slot: off, empty, loading, loaded, failed
     reason: str
+    store: str = "off"  # the shared store (STORE): off, up, or down (sessions then followed here only, unshared)
 
 
 def template_config() -> TemplateConfig[JinjaTemplateEngine]:
@@ -59,7 +60,13 @@ def template_config() -> TemplateConfig[JinjaTemplateEngine]:
 def readiness(service: ShadowService) -> Readiness:
     slot = service.slot
     if slot.state == "loaded":  # set once warm_up and the replay of early feeds are done
-        return Readiness(True, slot.state, "the model is loaded and warmed")
+        shadow = slot.get()
+        sharing = shadow.sharing() if shadow is not None else None
+        if sharing is not None and sharing.store == "down":  # still ready: new sessions are followed here
+            return Readiness(True, slot.state, "the model is loaded and warmed; the shared store is unreachable "
+                             f"({sharing.last_error}): sessions are followed here only, unshared", "down")
+        return Readiness(True, slot.state, "the model is loaded and warmed",
+                         "off" if sharing is None else sharing.store)
     if slot.state == "off":
         why = "the shadow is off (QWEN38_SHADOW_MODEL is empty)"
     elif slot.state == "failed":

@@ -28,3 +28,20 @@ class StoreError(ShadowError):
 
 class TooMany(ShadowError):
     """A client asked for more of a bounded thing (holds) than the service keeps at once."""
+
+
+class HeldElsewhere(ShadowError):
+    """Another live instance holds the session's lease in the shared store (STORE): it follows the
+    session, and this one must not make a second copy. The API answers 409; the router's affinity
+    (or the holder's lease running out) sends the request where it belongs."""
+
+    def __init__(self, session: str, holder: str) -> None:
+        super().__init__(f"session {session!r} is held by instance {holder!r} (its lease in the shared store); "
+                         "send the request there, or again once that lease runs out")
+        self.session = session
+        self.holder = holder
+
+
+class LeaseLost(StoreError):
+    """This instance's lease on a session ran out and another instance took it (a pause past the
+    lease, a split): its copy is stale and is dropped here, never parked over the newer one."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .leases import Sharing
+
 Where = Literal["resident", "parked", "dropped", "queued"]
 
 
@@ -135,6 +137,9 @@ class StoreStatus:
     max_sessions: int | None = None
     forgotten: int = 0
     last_forgotten: str = ""
+    # the shared store (STORE; None without one) and the sessions dropped because another instance took them
+    sharing: Sharing | None = None
+    lost: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import BadInput, StoreError, UnknownSession
+from .errors import BadInput, HeldElsewhere, LeaseLost, StoreError, UnknownSession
+from .leases import Leases
 from .protocols import StateStore, Telemetry
 from .records import Bounds
 from .session import Position, SessionBook
@@ -101,7 +102,8 @@ class WaitedLock:
 class Residency:
     def __init__(self, grid: int, new_tensors: Callable[[], Any], clock: Callable[[], float], *,
                  memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
-                 max_sessions: int | None = None, telemetry: Telemetry | None = None) -> None:
+                 max_sessions: int | None = None, telemetry: Telemetry | None = None,
+                 leases: Leases | None = None) -> None:
         self.grid = grid
         self.telemetry = telemetry  # parks and restores, counted and timed
         self.new_tensors = new_tensors
@@ -115,6 +117,12 @@ class Residency:
         self.park_failures = 0
         self.last_store_error = ""
         self.lock = WaitedLock()
+        # A shared store's leases (STORE): a session is held while resident, let go when parked,
+        # dropped or forgotten; one found lost (taken by another instance) is dropped here unparked.
+        self.leases = leases
+        self.lost = 0  # sessions dropped because another instance took their lease
+        if leases is not None:
+            leases.watch(self._lost)
         # called with a session's name once it is forgotten, however (a DELETE, the cap, MAX_SESSIONS):
         # what others keep per session (a chunk's cost, a profile) goes with it
         self.on_forget: list[Callable[[str], None]] = []
@@ -214,16 +222,25 @@ class Residency:
         ``background``: the reader's own reading, which is not a use (see ``awaits_use``)."""
         with self.lock:
             entry = self._known.get(session)
+            created = entry is None
             if entry is None:
                 if not create:
                     raise UnknownSession(f"unknown session {session!r}")
-                entry = self._known[session] = _Entry("resident", SessionBook(self.grid))
+                # with a shared store, a session new here may be one another instance parked: looked for there
+                shared = self.leases is not None and self.disk is not None
+                entry = self._known[session] = _Entry("parked", None) if shared else _Entry("resident",
+                                                                                            SessionBook(self.grid))
                 self._limit_sessions(session)
             if not background:
                 entry.awaits_use = False
             self._in_use.add(session)
             try:
-                book, tensors = self._make_resident(session, entry)
+                try:
+                    book, tensors = self._make_resident(session, entry)
+                except HeldElsewhere:
+                    if created:  # nothing of it is kept here: the holder follows it
+                        del self._known[session]
+                    raise
                 yield book, tensors
                 book.last_used = entry.last_used = self.clock()
             finally:
@@ -234,6 +251,8 @@ class Residency:
         held = self.memory.peek(name)
         if held is not None:
             return held
+        if self.leases is not None:  # before the state is looked for: another holder raises HeldElsewhere
+            self.leases.take(name)
         # peek, not take: the file stays as what a crash falls back to, until a newer park replaces it
         t0 = time.perf_counter()
         got = self.disk.peek(name) if self.disk is not None and entry.where == "parked" else None
@@ -264,12 +283,35 @@ class Residency:
                 self.disk.put(name, book, tensors)
                 self._timed("park", t0)
                 entry.where, entry.book = "parked", None  # the ids live in the file until restored
+                self._release(name)
+                return
+            except LeaseLost as err:  # a newer holder has it: this copy is stale, parked nowhere
+                self.last_store_error = str(err)
+                self._lost(name)
                 return
             except StoreError as err:
                 self.park_failures += 1
                 self.last_store_error = str(err)
         book.reset_for_reread()
         entry.where, entry.awaits_use = "dropped", True
+        self._release(name)
+
+    def _release(self, name: str) -> None:
+        if self.leases is not None:
+            self.leases.release(name)
+
+    def _lost(self, name: str) -> None:
+        """Another instance took ``name``'s lease: drop everything of it here, park nothing, count it."""
+        with self.lock:
+            entry = self._known.pop(name, None)
+            if entry is None:
+                return
+            self.memory.remove(name)
+            entry.where, entry.book = "dropped", None
+            self.lost += 1
+            log.warning("session %r: its lease was taken by another instance; the copy here is dropped", name)
+            for hook in self.on_forget:
+                hook(name)
 
     def _timed(self, what: str, t0: float) -> None:
         if self.telemetry is not None:
@@ -369,6 +411,7 @@ class Residency:
             if self.disk is not None:
                 self.disk.remove(session)
             del self._known[session]
+            self._release(session)
             for hook in self.on_forget:
                 hook(session)
 
@@ -379,5 +422,7 @@ class Residency:
             for name in list(self.memory.names()):
                 self._evict(name)
             self.memory.close()
+            if self.leases is not None:
+                self.leases.close()
             if self.disk is not None:
                 self.disk.close()

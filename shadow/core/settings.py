@@ -54,6 +54,14 @@ class ShadowSettings(BaseSettings):
     gb: float = Field(4.0, description="cap on resident session state, GiB")
     disk: str = Field("auto", description="folder for parked sessions; auto: ~/.qwen38-spark-engine/cache/shadow")
     disk_gb: float = Field(64.0, description="cap on parked files, GiB")
+    store: str = Field("", description="shared store of parked sessions and leases: redis://host:port/db or "
+                                       "rediss://...; the password from QWEN38_SHADOW_STORE_PASSWORD or the URL, "
+                                       "never logged; empty: the local disk only (docs/scale-out.md)")
+    store_cluster: bool = Field(False, description="STORE is a Redis Cluster node: talk through redis-py's "
+                                                   "RedisCluster (a session's keys share one slot by hash tag)")
+    lease_s: float = Field(5.0, description="a session's lease in the store, seconds (0 < LEASE_S <= 10): how "
+                                            "long a lost instance keeps its sessions from the others")
+    instance: str = Field("", description="this instance's name in leases (who holds a session); empty: host:pid")
     narrator_model: str = Field("", description="the host narrator's checkpoint: empty or MODEL's folder (one "
                                                 "slot, one copy of the weights); another folder is refused")
     narrator: Literal["on", "off"] = Field(
@@ -150,6 +158,13 @@ class ShadowSettings(BaseSettings):
         return Path(self.dir or DEFAULT_HOME).expanduser()
 
     @property
+    def instance_name(self) -> str:
+        """Who this process is in the store's leases: INSTANCE, or host:pid."""
+        import socket
+
+        return self.instance.strip() or f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
     def on(self) -> bool:
         return bool(self.model.strip())
 
@@ -194,6 +209,21 @@ class ShadowSettings(BaseSettings):
     def _grid_on_gdn_blocks(cls, v: int) -> int:
         if v <= 0 or v % 64:
             raise ValueError("grid must be a positive multiple of 64 (the GDN kernels' block)")
+        return v
+
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, v: str) -> str:
+        v = v.strip()
+        if v and not v.startswith(("redis://", "rediss://")):
+            raise ValueError("STORE must be empty or a redis:// or rediss:// URL")
+        return v
+
+    @field_validator("lease_s")
+    @classmethod
+    def _lease(cls, v: float) -> float:
+        if not 0 < v <= 10:
+            raise ValueError("LEASE_S must be above 0 and at most 10 seconds")
         return v
 
     @field_validator("gb", "disk_gb", "idle_poll_s", "idle_window_s", "slice_ms", "max_hold_s")

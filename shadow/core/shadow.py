@@ -20,6 +20,7 @@ from typing import Any
 
 from .costs import ChunkCosts, fits
 from .errors import BadInput, UnknownSession
+from .leases import Leases, Sharing
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
 from .questions import MAX_CHOICES, choice_tokens, question_ids
 from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
@@ -41,14 +42,16 @@ class Shadow:
 
     def __init__(self, reader: Reader, prompter: Prompter, clock: Callable[[], float] = time.monotonic, *,
                  memory: StateStore, disk: StateStore | None = None, cap_bytes: int | None = None,
-                 max_sessions: int | None = None, telemetry: Telemetry | None = None) -> None:
+                 max_sessions: int | None = None, telemetry: Telemetry | None = None,
+                 leases: Leases | None = None) -> None:
         self.reader = reader
         self.telemetry = telemetry  # counts rollbacks, questions and a fork's tail chunks where they happen
         self.prompter = prompter
         self.clock = clock
         self.grid = reader.grid
         self.residency = Residency(reader.grid, reader.new_session, clock, memory=memory, disk=disk,
-                                   cap_bytes=cap_bytes, max_sessions=max_sessions, telemetry=telemetry)
+                                   cap_bytes=cap_bytes, max_sessions=max_sessions, telemetry=telemetry,
+                                   leases=leases)
         self._lock = self.residency.lock
         self.costs = ChunkCosts()  # what a pass costs, by batch size and depth: every plan reads it
         # sessions with a whole chunk pending (a superset: see ``ready``); [True]: below the settled end
@@ -420,9 +423,14 @@ class Shadow:
                                 disk=self.disk is not None, park_failures=self.residency.park_failures,
                                 last_store_error=self.residency.last_store_error, dropped_bytes=b.dropped_bytes,
                                 rss_bytes=b.rss_bytes, max_sessions=b.max_sessions, forgotten=b.forgotten,
-                                last_forgotten=b.last_forgotten)
+                                last_forgotten=b.last_forgotten, sharing=self.sharing(), lost=self.residency.lost)
             lines = {name: self.session_status(name) for name in self.residency.names()}
             return ShadowStatus(store, {name: line for name, line in lines.items() if line is not None})
+
+    def sharing(self) -> Sharing | None:
+        """The shared store's state (STORE), None without one."""
+        leases = self.residency.leases
+        return leases.sharing() if leases is not None else None
 
     def close(self) -> None:
         """A planned stop: after the call in flight (the lock), park every resident session."""

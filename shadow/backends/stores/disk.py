@@ -132,7 +132,7 @@ class DiskStore:
             if meta is not None:
                 self._index[meta["session"]] = {"path": path, "bytes": path.stat().st_size,
                                                 "parked_at": float(meta["parked_at"]),
-                                                "book": json.loads(meta["book"])}
+                                                "book": json.loads(meta["book"]), "checksum": meta["checksum"]}
         self.sweep()
 
     def sweep(self) -> list[str]:
@@ -162,6 +162,35 @@ class DiskStore:
         if e is not None:
             e["path"].unlink(missing_ok=True)
 
+    # ---- a park that came from elsewhere (the shared store's tier, tiered.py) -----------------
+
+    def park_of(self, name: str) -> tuple[Path, str] | None:
+        """The session's parked file and its checksum (the park's identity), None when none."""
+        e = self._index.get(name)
+        return None if e is None else (e["path"], e["checksum"])
+
+    def incoming(self, name: str) -> Path:
+        """Where a park arriving from elsewhere is assembled: a temporary name in this folder (a start
+        removes what a crash left), then ``adopt``ed."""
+        return self._path(name).with_name(parked.file_name(name) + f".tmp-in{os.getpid()}")
+
+    def adopt(self, name: str, tmp: Path, checksum: str) -> bool:
+        """Take the complete file ``tmp`` (``incoming``'s, fsynced) as ``name``'s park, renamed over
+        its file: its header is checked as any file's on opening, and loading it later checks every
+        byte against ``checksum``. False (the file refused, counted and removed) when it fails."""
+        self._index.pop(name, None)
+        self._made.pop(name, None)
+        final = self._path(name)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        meta = self._header(final)
+        if meta is None:
+            return False
+        self._index[name] = {"path": final, "bytes": final.stat().st_size, "parked_at": float(meta["parked_at"]),
+                             "book": json.loads(meta["book"]), "checksum": meta["checksum"]}
+        self._made[name] = checksum
+        return True
+
     def close(self) -> None:
         """Let go of the folder (another process may take it); no more parking here."""
         self._unlock()
@@ -189,7 +218,8 @@ class DiskStore:
             tmp.unlink(missing_ok=True)
             raise StoreError(f"could not park session {name!r} in {self.root}: {e}") from e
         size = final.stat().st_size
-        self._index[name] = {"path": final, "bytes": size, "parked_at": now, "book": book.meta()}
+        self._index[name] = {"path": final, "bytes": size, "parked_at": now, "book": book.meta(),
+                             "checksum": meta["checksum"]}
         self._made[name] = meta["checksum"]
         self.sweep()
         return size
