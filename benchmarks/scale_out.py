@@ -17,12 +17,15 @@ instance, which holds none of the session. Two arms, each a whole run:
 
 - ``restore``: each turn's end writes its session's park to the store (write-behind: the store's
   parks are whole, the same bytes as a parked file; the bytes new since the session's last write
-  are counted beside them). A moved session is restored from its last write: once its next turn
-  arrives and the lost holder's lease has lapsed (``--lease-s``), through one store pipe of the
-  measured ``--store-gbps`` shared by the whole fleet, first come first served. A restore holds no
-  device: the device time it costs is the host-to-device copy at ``--copy-gbps`` (measured by
-  ``store`` on a GPU), accounted apart. Until it lands, the new holder reads the session as usual.
-- ``reread``: no store: a moved session is read again from its start.
+  are counted beside them). While the lost holder's lease runs (``--lease-s``) the store refuses a
+  moved session to its new instance (a 409 naming the holder): its turns then go unfollowed and count
+  as not fresh. Its first turn after that takes the lease, and the feed restores the session's last
+  write (as the tiered store does, within the feed). The transfers go through one store pipe of the
+  measured ``--store-gbps`` shared by the whole fleet, first come first served, each begun once the
+  lease has lapsed and a turn of the session has reached its new instance; the time a feed waits for
+  its restore is reported apart (``restore_wait_at_feed_s``). A restore holds no device: the device
+  time it costs is the host-to-device copy at ``--copy-gbps`` (measured by ``store`` on a GPU).
+- ``reread``: no store: a moved session is read again from its start, once the lease has lapsed.
 
 Reported per arm: the fresh share at turn starts (a turn start after the session's first, less than
 one grid chunk behind what the prompt keeps) overall, for the minute before and the minute after each
@@ -199,6 +202,7 @@ class Instance:
         self.restores: list[tuple[float, float, int]] = []  # (asked, landed, bytes)
         self.alive = True
         self.idle_s = 0.0
+        self.unfollowed_turns = 0
         self.at(0.0, self.look)
 
     # ---- the loop ----
@@ -230,9 +234,31 @@ class Instance:
         if t >= self.k.end_s:
             return
         s = self.sessions[a.order[a.cycle % len(a.order)]]
+        if self.leased_elsewhere(a, t):
+            self.at(t, lambda: self.unfollowed(a, s))
+            return
         rid = f"r{next(self.rids)}"
         self.clock.at(t, lambda: self.service.arrived(rid))
         self.at(t, lambda: self.start(a, s, rid))
+
+    def leased_elsewhere(self, a: Agent, t: float) -> bool:
+        """A moved session not held here yet, while its lost holder's lease runs: the store refuses
+        it to this instance (a 409 naming the holder), so the host's turn goes unfollowed."""
+        return a.move is not None and t < a.move.at + self.k.lease_s and a.session not in self.shadow.sessions()
+
+    def unfollowed(self, a: Agent, s: SessionShape) -> None:
+        """A turn the host serves while no shadow may follow its session: counted, not fresh."""
+        turn = s.turns[a.turn]
+        if a.turn:
+            self.samples.append(Sample(self.clock(), turn.keep, True))
+        self.unfollowed_turns += 1
+        a.held, a.in_flight = a.held[:turn.keep] + turn.new.tolist() + turn.output.tolist(), True
+        a.turn_end = self.clock() + (turn.end_s - turn.start_s)
+
+        def ended() -> None:
+            self.arrive(a, self.clock() + self.next_turn(a))
+
+        self.at(a.turn_end, ended)
 
     def start(self, a: Agent, s: SessionShape, rid: str) -> None:
         turn = s.turns[a.turn]
@@ -249,28 +275,18 @@ class Instance:
         self.at(self.clock() + (turn.first_token_s - turn.start_s), lambda: self.first(a, s, rid))
 
     def moved_in(self, a: Agent, keep: int) -> None:
-        """The first turn of a moved session here: its rows come from the store, or are read again."""
+        """The first turn of a moved session here, its lease taken: the feed restores its rows from
+        the store (as the tiered store does, within the feed; the transfer's wait is the pipe's,
+        reported apart), or they are read again."""
         assert a.move is not None
         book = self.shadow.residency.held_book(a.session)
         assert book is not None
         kept = keep // self.k.grid * self.k.grid  # rows past the prompt's agreement are read again anyway
         self.reader.moved[id(book)] = min(a.move.old_line, kept)
         line = min(a.move.restore_line, kept)
-        if line <= 0:
-            return
-        asked = max(self.clock(), a.move.at + self.k.lease_s)
-        self.restores.append((asked, a.move.restore_done, a.move.restore_bytes))
-        session = a.session
-
-        def land() -> None:
-            held = self.shadow.residency.held_book(session) if session in self.shadow.sessions() else None
-            if held is book and book is not None:  # (the session may have ended before its restore landed)
-                self.reader.restored(book, line)
-
-        if a.move.restore_done <= self.clock():
-            land()
-        else:
-            self.at(a.move.restore_done, land)
+        if line > 0:
+            self.restores.append((self.clock(), a.move.restore_done, a.move.restore_bytes))
+            self.reader.restored(book, line)
 
     def first(self, a: Agent, s: SessionShape, rid: str) -> None:
         turn = s.turns[a.turn]
@@ -351,7 +367,8 @@ class Instance:
         ration = self.service.stats["ration"]
         out = {"index": self.index, "samples": [(s.t, s.behind, s.moved) for s in self.samples],
                "ration_s": ration.spent_s, "idle_s": self.idle_s, "reader_s": self.reader.total_s,
-               "reread_s": self.reader.reread_s, "decoding_s": self.container.activity().decoding_s(),
+               "reread_s": self.reader.reread_s, "unfollowed": self.unfollowed_turns,
+               "decoding_s": self.container.activity().decoding_s(),
                "writes": self.writes, "restores": self.restores, "agents": sorted(self.agents),
                "sessions": sorted(self.shadow.sessions()) if self.alive else [], "alive": self.alive}
         self.container.shutdown_resources()
@@ -559,9 +576,12 @@ def report(run: dict[str, Any], k: FleetKnobs, copy_gbps: float | None) -> dict[
     restore_bytes = sum(b for _, _, b in run["pipe"])
     traffic = [(t, t, b) for t, b, _ in writes] + list(run["pipe"])
     waits = sorted(end - begin for begin, end, _ in run["pipe"])
+    # a moved session's first feed here waits for its restore to land (the tiered store restores within the feed)
+    blocked = sorted(max(0.0, done - asked) for r in run["instances"] for asked, done, _ in r["restores"])
     return {
         "arm": k.arm, "instances": k.instances, "agents_each": k.agents, "minutes": k.minutes,
         "fresh_share": share(samples, g), "turns": len(samples),
+        "unfollowed_turns": sum(r["unfollowed"] for r in run["instances"]),
         "moved_fresh_share": share([s for s in samples if s[2]], g),
         "losses": losses,
         "met": {"fresh_95": (share(samples, g) or 0.0) >= 0.95,
@@ -575,6 +595,8 @@ def report(run: dict[str, Any], k: FleetKnobs, copy_gbps: float | None) -> dict[
         "restores": len(run["pipe"]), "restore_GB": round(restore_bytes / 1e9, 3),
         "restore_transfer_s": {"median": waits[len(waits) // 2] if waits else None,
                                "max": waits[-1] if waits else None},
+        "restore_wait_at_feed_s": {"median": blocked[len(blocked) // 2] if blocked else None,
+                                   "max": blocked[-1] if blocked else None, "restores_used": len(blocked)},
         "restore_device_s": None if copy_gbps is None else round(restore_bytes / (copy_gbps * 1e9), 3),
         "store": {"writes": len(writes), "write_GB": round(sum(b for _, b, _ in writes) / 1e9, 2),
                   "write_new_GB": round(sum(n for _, _, n in writes) / 1e9, 2),

@@ -10,24 +10,22 @@ unpacked Debian package) on a free loopback port with persistence off, and stops
 session of ``--ids`` random ids is read on the grid (random weights at the model's published shape, or
 the tests' tiny model), then, ``--repeat`` times:
 
-- the local disk: ``park`` (the disk store's file: fsync, rename) and ``restore`` from it (the page cache);
-- Redis: the parked file's bytes sent in parts of at most 8 MB with a manifest listing each part's
-  SHA-256 (parts first, then the manifest), the local file deleted, then the manifest and parts fetched,
-  every part checked, the file written back and restored through the disk store's own checks. Until the
-  Redis store (``shadow/backends/stores/redis*.py``) is on this branch, that is done here with redis-py in
-  the same form (the JSON's ``path`` says which);
+- the local disk: A parks and restores from its own file (the page cache);
+- Redis, through the store (``STORE=redis://``, ``shadow/backends/stores/tiered.py``): instance A parks
+  (its disk, then Redis in parts of at most 8 MB under a manifest), instance B, on a disk of its own, is
+  fed the session's ids and takes it from Redis; then B parks and A takes it back the same way;
 - after each restore the state is ``torch.equal`` to a fresh prefill of the ids (``compare``);
 - the store's rate: random bytes of ``--transfer-bytes`` (default: a 32k session of the 0.8B, 442 MB)
-  through the same parts and manifest, each way (a tiny model's park is too small to time a rate by).
+  in 8 MB parts under a SHA-256 manifest (redis-py, the store's form), each way: a tiny model's park is
+  too small to time a rate by.
 
-Reading again: the same ids as a new session, read on the grid (after a warm read); on a GPU its wall
+Reading again: the same ids read on the grid again (after a warm read); on a GPU its wall
 is the device's time. A restore's device time: the host-to-device copy of the park's tensors (the
 session's CPU state moved to the device, synchronised), against that read.
 
 Writes ``DIR/scale_out_store.json`` (``DIR/scale_out_store-gpu.json`` on a GPU) with ``rates``: the
 store's rate the fleet replay uses (``redis_restore_GBps``: the transfer's bytes over its fetch and
-check) and
-``host_to_device_GBps``.
+check) and ``host_to_device_GBps``.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,6 @@ from shadow import Shadow, ShadowSettings, build_shadow
 from shadow.adapters.replay import compare
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
-from shadow.backends.stores import DiskStore, parked
 
 from .common import environment
 from .scale_out import state_bytes
@@ -166,92 +164,84 @@ def measure_transfer(client: redis.Redis, size: int, repeat: int) -> dict[str, A
             "get_GBps": size / median(gets) / 1e9}
 
 
+def instance(ckpt: Path, work: Path, name: str, url: str, args: argparse.Namespace) -> Shadow:
+    """A shadow on a disk of its own (another machine's), sharing the store at ``url``."""
+    return build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device=args.device, dtype=args.dtype,
+                                       grid=args.grid, gb=256, disk=str(work / f"disk-{name}"), disk_gb=256,
+                                       store=url, instance=name))
+
+
+def exact(sh: Shadow, session: str, fresh: dict[str, torch.Tensor]) -> bool:
+    return bool(compare(sh.export_state(session), fresh)[0])
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     config = demo_text_config() if args.model == "tiny" else reference_shape(args.model)
     ckpt = write_checkpoint(work / f"qwen35-{args.model}-random", config,
                             dtype=torch.float32 if args.dtype == "float32" else torch.bfloat16, seed=0)
-    disk = work / "parked"
-    sh: Shadow = build_shadow(ShadowSettings(_env_file=None, model=str(ckpt), device=args.device, dtype=args.dtype,
-                                             grid=args.grid, gb=256, disk=str(disk), disk_gb=256))
     rng = random.Random(0)
     ids = [rng.randrange(VOCAB) for _ in range(args.ids)]
     warm = [rng.randrange(VOCAB) for _ in range(4 * args.grid)]
-    sh.feed_prompt("warm", warm)
-    sh.read("warm")
-    sh.forget("warm")
-    reads = []
-    for i in range(args.repeat_read):
-        name = f"read{i}"
-        sh.feed_prompt(name, ids)
-        reads.append(timed(functools.partial(sh.read, name), args.device))
-        if i < args.repeat_read - 1:
-            sh.forget(name)
-    name = f"read{args.repeat_read - 1}"
-    fresh = sh.fresh_state(ids)
-    committed = sh.position(name).committed
-    assert compare(sh.export_state(name), fresh)[0], "the read session differs from a fresh prefill"
-    state = sh.export_state(name)
-    state_bytes = sum(t.numel() * t.element_size() for t in state.values())
-    copies = [timed(functools.partial(to_device, state, args.device), args.device) for _ in range(args.repeat)]
-    del state
-    disk_store = sh.disk
-    assert isinstance(disk_store, DiskStore)
-    path = disk_store.root / parked.file_name(name)
-    rows: dict[str, list[float]] = {k: [] for k in ("disk_park_s", "disk_restore_s", "redis_put_s", "redis_get_s",
-                                                     "redis_file_s", "redis_load_s")}
-    equal: list[bool] = []
+    rows: dict[str, list[float]] = {k: [] for k in ("park_s", "redis_restore_s", "disk_restore_s")}
+    checks: list[bool] = []
     with redis_server(args.redis_server, work) as client:
-        key = "bench:{" + hashlib.sha256(name.encode()).hexdigest()[:40] + "}"
-        for g in range(args.repeat):
-            rows["disk_park_s"].append(timed(lambda: sh.park(name), args.device))
-            data = path.read_bytes()
-            rows["redis_put_s"].append(timed(functools.partial(put, client, key, data, g), "cpu"))
-            del data
-            path.unlink()  # what comes back comes from Redis
-            t0 = time.perf_counter()
-            got = get(client, key)
-            rows["redis_get_s"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            tmp = path.with_name(path.name + ".redis")
-            with open(tmp, "wb") as f:
-                f.write(got)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            rows["redis_file_s"].append(time.perf_counter() - t0)
-            del got
-            rows["redis_load_s"].append(timed(lambda: sh.restore(name), args.device))
-            equal.append(compare(sh.export_state(name), fresh)[0] and not disk_store.refused)
-            sh.park(name)
-            rows["disk_restore_s"].append(timed(lambda: sh.restore(name), args.device))
-            equal.append(compare(sh.export_state(name), fresh)[0] and not disk_store.refused)
-        size = path.stat().st_size
-        client.delete(*client.keys("bench:*"))
+        url = f"redis://127.0.0.1:{client.connection_pool.connection_kwargs['port']}/0"
+        a, b = instance(ckpt, work, "A", url, args), instance(ckpt, work, "B", url, args)
+        a.feed_prompt("warm", warm)
+        a.read("warm")
+        a.forget("warm")
+        reads = []
+        for i in range(args.repeat_read):  # the session read again (the last reading kept)
+            if i:
+                a.forget("s")
+            a.feed_prompt("s", ids)
+            reads.append(timed(functools.partial(a.read, "s"), args.device))
+        fresh = a.fresh_state(ids)
+        committed = a.position("s").committed
+        checks.append(exact(a, "s", fresh))
+        state = a.export_state("s")
+        state_bytes = sum(t.numel() * t.element_size() for t in state.values())
+        copies = [timed(functools.partial(to_device, state, args.device), args.device) for _ in range(args.repeat)]
+        del state
+        for _ in range(args.repeat):
+            for holder, other in ((a, b), (b, a)):
+                # the holder parks (its disk, then the store), the other takes the session from the store
+                rows["park_s"].append(timed(functools.partial(holder.park, "s"), args.device))
+                rows["redis_restore_s"].append(timed(functools.partial(other.feed_prompt, "s", ids), args.device))
+                checks.append(other.position("s").committed == committed and exact(other, "s", fresh))
+            # A holds it again: parked and restored from its own disk
+            a.park("s")
+            rows["disk_restore_s"].append(timed(functools.partial(a.restore, "s"), args.device))
+            checks.append(a.position("s").committed == committed and exact(a, "s", fresh))
+        sharing = {name: asdict(got) for name, sh in (("A", a), ("B", b)) if (got := sh.sharing()) is not None}
+        stored = a.disk.info("s") if a.disk is not None else None
+        size = stored.bytes if stored is not None else 0
+        a.close()
+        b.close()
+        client.delete(*(client.keys("shadow:*") or ["-"]))
         transfer = measure_transfer(client, args.transfer_bytes, args.repeat)
-    sh.close()
     med = {k: median(v) for k, v in rows.items()}
     read_s, copy_s = median(reads), median(copies)
-    redis_restore = med["redis_get_s"] + med["redis_file_s"] + med["redis_load_s"]
     on_gpu = args.device.startswith("cuda")
     return {
         "model": args.model, "ids": args.ids, "committed": committed, "grid": args.grid, "dtype": args.dtype,
-        "path": "redis-py here, the parked file's bytes in 8 MB parts with a SHA-256 manifest (the Redis store "
-                "is not on this branch yet)",
-        "park_bytes": size, "state_bytes": state_bytes, "repeat": args.repeat, "all_equal_to_fresh": all(equal),
-        "restores_checked": len(equal), "read_again_s": read_s, "read_again_all_s": reads,
-        "medians_s": med, "all_s": rows, "redis_restore_s": redis_restore,
+        "path": "the Redis store (STORE=redis://, shadow/backends/stores/tiered.py): instance A parks (its disk, "
+                "then Redis), instance B on a disk of its own takes the session from Redis when fed its ids, "
+                "and back",
+        "park_bytes": size, "state_bytes": state_bytes, "repeat": args.repeat, "all_equal_to_fresh": all(checks),
+        "restores_checked": len(checks), "read_again_s": read_s, "read_again_all_s": reads,
+        "medians_s": med, "all_s": rows, "sharing": sharing,
         "host_to_device_s": copy_s if on_gpu else None,
         "restore_device_share_of_read": copy_s / read_s if on_gpu else None,
         "transfer": transfer,
         "rates": {"redis_put_GBps": transfer["put_GBps"], "redis_restore_GBps": transfer["get_GBps"],
-                  "session_redis_put_GBps": size / med["redis_put_s"] / 1e9,
-                  "session_redis_get_GBps": size / med["redis_get_s"] / 1e9,
-                  "redis_restore_end_to_end_GBps": size / redis_restore / 1e9,
-                  "disk_park_GBps": size / med["disk_park_s"] / 1e9,
-                  "disk_restore_GBps": size / med["disk_restore_s"] / 1e9,
+                  "session_park_GBps": size / med["park_s"] / 1e9,
+                  "session_redis_restore_GBps": size / med["redis_restore_s"] / 1e9,
+                  "session_disk_restore_GBps": size / med["disk_restore_s"] / 1e9,
                   "host_to_device_GBps": state_bytes / copy_s / 1e9 if on_gpu else None},
         "redis_server": subprocess.run([args.redis_server, "--version"], capture_output=True,
                                        text=True).stdout.strip(),
+        "load_average": os.getloadavg(),
     }
 
 
@@ -276,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / ("scale_out_store-gpu.json" if args.device.startswith("cuda") else "scale_out_store.json")
     out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps({k: doc[k] for k in ("committed", "park_bytes", "read_again_s", "redis_restore_s",
+    print(json.dumps({k: doc[k] for k in ("committed", "park_bytes", "read_again_s", "medians_s",
                                           "all_equal_to_fresh", "rates")}, indent=1))
     print(f"wrote {out}")
     return 0 if doc["all_equal_to_fresh"] else 1
