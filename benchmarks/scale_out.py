@@ -22,8 +22,9 @@ instance, which holds none of the session. Two arms, each a whole run:
   as not fresh. Its first turn after that takes the lease, and the feed restores the session's last
   write (as the tiered store does, within the feed). The transfers go through one store pipe of the
   measured ``--store-gbps`` shared by the whole fleet, first come first served, each begun once the
-  lease has lapsed and a turn of the session has reached its new instance; the time a feed waits for
-  its restore is reported apart (``restore_wait_at_feed_s``). A restore holds no device: the device
+  lease has lapsed and a turn of the session has reached its new instance; a turn that starts before
+  its restore has landed counts as not fresh, and the time a feed waits for its restore is reported
+  (``restore_wait_at_feed_s``). A restore holds no device: the device
   time it costs is the host-to-device copy at ``--copy-gbps`` (measured by ``store`` on a GPU).
 - ``reread``: no store: a moved session is read again from its start, once the lease has lapsed.
 
@@ -265,28 +266,30 @@ class Instance:
         prompt = a.held[:turn.keep] + turn.new.tolist()
         fresh_here = a.move is not None and a.session not in self.shadow.sessions()
         self.service.started(rid, a.session, ids=prompt)
-        if fresh_here and a.move is not None:
-            self.moved_in(a, turn.keep)
+        landed = self.moved_in(a, turn.keep) if fresh_here and a.move is not None else True
         if a.turn:
-            committed = self.shadow.counts(a.session)[1]
+            committed = self.shadow.counts(a.session)[1] if landed else 0
             self.samples.append(Sample(self.clock(), max(0, turn.keep - committed), a.move is not None))
         a.held, a.in_flight = prompt, True
         a.turn_end = self.clock() + (turn.end_s - turn.start_s)
         self.at(self.clock() + (turn.first_token_s - turn.start_s), lambda: self.first(a, s, rid))
 
-    def moved_in(self, a: Agent, keep: int) -> None:
+    def moved_in(self, a: Agent, keep: int) -> bool:
         """The first turn of a moved session here, its lease taken: the feed restores its rows from
-        the store (as the tiered store does, within the feed; the transfer's wait is the pipe's,
-        reported apart), or they are read again."""
+        the store (as the tiered store does, within the feed), or they are read again. Whether the
+        rows had landed when the turn started: a turn that waits for its restore is not fresh (the
+        wait is the store pipe's, reported apart)."""
         assert a.move is not None
         book = self.shadow.residency.held_book(a.session)
         assert book is not None
         kept = keep // self.k.grid * self.k.grid  # rows past the prompt's agreement are read again anyway
         self.reader.moved[id(book)] = min(a.move.old_line, kept)
         line = min(a.move.restore_line, kept)
-        if line > 0:
-            self.restores.append((self.clock(), a.move.restore_done, a.move.restore_bytes))
-            self.reader.restored(book, line)
+        if line <= 0:
+            return True
+        self.restores.append((self.clock(), a.move.restore_done, a.move.restore_bytes))
+        self.reader.restored(book, line)
+        return a.move.restore_done <= self.clock()
 
     def first(self, a: Agent, s: SessionShape, rid: str) -> None:
         turn = s.turns[a.turn]
