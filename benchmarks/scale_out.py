@@ -64,6 +64,7 @@ from typing import Any
 from shadow.backends.qwen35.config import Qwen35Config, reference_shape
 from shadow.core.session import SessionBook
 
+from .common import keep_newest
 from .concurrency import PassCosts, SessionShape, load, newest_rate_file, parse_policy, pass_costs
 from .freshness import commit
 from .freshness_sim import Knobs, Policy, SimClock, SimReader, _build
@@ -662,6 +663,7 @@ def replay_main(args: argparse.Namespace) -> int:
         "bytes_per_session": bytes_table(), "sessions": [s.name for s in sessions], "skipped": skipped,
         "rows": []}
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    keep_newest(args.out)  # the run before goes to history/ first: this one writes as it goes
     for arm in args.arms:
         k = FleetKnobs(args.instances, args.agents, args.minutes, args.loss_every, arm, store_gbps, args.lease_s,
                        args.model, seed=args.seed)

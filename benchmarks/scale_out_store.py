@@ -55,7 +55,7 @@ from shadow.adapters.replay import compare
 from shadow.backends.qwen35.checkpoint import demo_text_config, write_checkpoint
 from shadow.backends.qwen35.config import reference_shape
 
-from .common import environment
+from .common import environment, keep_newest
 from .scale_out import state_bytes
 
 PART = 8 * 2**20  # the store's largest value (Redis caps one at 512 MB, and a large one blocks its thread)
@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         doc |= run(args, Path(tmp))
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / ("scale_out_store-gpu.json" if args.device.startswith("cuda") else "scale_out_store.json")
+    keep_newest(out)
     out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(json.dumps({k: doc[k] for k in ("committed", "park_bytes", "read_again_s", "medians_s",
                                           "all_equal_to_fresh", "rates")}, indent=1))

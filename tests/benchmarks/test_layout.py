@@ -15,7 +15,7 @@ from benchmarks.common import keep_newest, result_path
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 # what a user runs; the other top-level modules are their parts (each says whose)
-USER_SCRIPTS = ("read_rate", "freshness", "ab_cost", "spans", "concurrency", "soak", "warm_start")
+USER_SCRIPTS = ("read_rate", "freshness", "ab_cost", "spans", "concurrency", "soak", "warm_start", "scale_out")
 
 
 def _docstring(path: Path) -> str:
@@ -42,7 +42,7 @@ def test_each_probe_imports_and_says_how_to_run_it(path: Path) -> None:
 def test_the_top_holds_no_probe() -> None:
     top = {p.stem for p in BENCH.glob("*.py")} - {"__init__"}
     parts = {"common", "read_rate_exact", "read_rate_floor", "read_rate_peer", "read_rate_steps", "read_rate_batch",
-             "freshness_sim", "timelines", "ab_engine", "ab_agents"}
+             "freshness_sim", "timelines", "ab_engine", "ab_agents", "scale_out_store"}
     assert top == set(USER_SCRIPTS) | parts
 
 
