@@ -113,12 +113,16 @@ def _store_kind(settings: ShadowSettings) -> Literal["local", "shared"]:
 
 
 def _redis(settings: ShadowSettings) -> Iterator[object]:
-    """The redis-py client of STORE (no connection is made until the first command)."""
+    """The redis-py client of STORE (no connection is made until the first command); None without
+    one (the container's resources start with the app, whatever the settings)."""
+    if _store_kind(settings) == "local":
+        yield None
+        return
     import logging
 
     from shadow.backends.stores.redis_parks import connect, masked
 
-    client = connect(settings.store, cluster=settings.store_cluster)
+    client = connect(settings.store, settings.store_password.get_secret_value(), cluster=settings.store_cluster)
     logging.getLogger(__name__).info("shared store %s (instance %s)", masked(settings.store), settings.instance_name)
     try:
         yield client

@@ -46,7 +46,7 @@ class Health(Struct):
     status: str
 
 
-class Readiness(Struct):
+class Readiness(Struct, omit_defaults=True):
     ready: bool
     state: str  # the model's slot: off, empty, loading, loaded, failed
     reason: str

@@ -19,6 +19,12 @@ A dropped session keeps its ids to be read again, and they count against the cap
 no resident session is left to evict, the least recently used dropped sessions are forgotten.
 Beyond ``max_sessions`` the least recently used session not in use is forgotten. Both are logged
 and counted in ``forgotten``.
+
+With a shared store (``leases``, docs/scale-out.md), a session is held while resident: its lease is
+taken before it is brought back (``HeldElsewhere`` when another instance holds it, and nothing of it
+is kept here), let go when it is parked, dropped or forgotten; a session new here is first looked
+for in the store. A lease found lost, or a park the store refuses as stale (``LeaseLost``), drops the
+session here without parking it, counted in ``lost``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -57,6 +57,8 @@ class ShadowSettings(BaseSettings):
     store: str = Field("", description="shared store of parked sessions and leases: redis://host:port/db or "
                                        "rediss://...; the password from QWEN38_SHADOW_STORE_PASSWORD or the URL, "
                                        "never logged; empty: the local disk only (docs/scale-out.md)")
+    store_password: SecretStr = Field(SecretStr(""), description="the shared store's password (else the URL's); "
+                                                                 "never logged or shown")
     store_cluster: bool = Field(False, description="STORE is a Redis Cluster node: talk through redis-py's "
                                                    "RedisCluster (a session's keys share one slot by hash tag)")
     lease_s: float = Field(5.0, description="a session's lease in the store, seconds (0 < LEASE_S <= 10): how "

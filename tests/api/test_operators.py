@@ -31,6 +31,9 @@ NAMES = {
     "shadow_narrations_total", "shadow_proxy_turns_total", "shadow_proxy_render_mismatches_total",
     "shadow_sessions", "shadow_resident_bytes", "shadow_resident_cap_bytes", "shadow_disk_bytes",
     "shadow_backlog_ids", "shadow_model_loaded",
+    "shadow_store_parks_total", "shadow_store_park_failures_total", "shadow_store_restores_total",
+    "shadow_store_parks_refused_total", "shadow_stale_parks_refused_total", "shadow_leases_lost_total",
+    "shadow_store_up", "shadow_sessions_unshared",
     "shadow_behind_at_turn_start_ids", "shadow_chunk_seconds", "shadow_question_seconds", "shadow_park_seconds",
     "shadow_restore_seconds",
 }

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from shadow.cli import main
 from shadow.core.profiles import ProfileError, ShadowBlock, load_profiles
@@ -31,6 +32,11 @@ SAMPLES = {
     "gb": ("2.5", 2.5),
     "disk": ("/nvme/shadow", "/nvme/shadow"),
     "disk_gb": ("12", 12.0),
+    "store": ("redis://10.0.0.5:6379/2", "redis://10.0.0.5:6379/2"),
+    "store_password": ("s3cret", SecretStr("s3cret")),
+    "store_cluster": ("true", True),
+    "lease_s": ("2.5", 2.5),
+    "instance": ("gpu-3", "gpu-3"),
     "narrator_model": ("/models/narrator", "/models/narrator"),
     "narrator": ("on", "on"),
     "narrator_prompt": (str(NARRATOR_PROMPT), str(NARRATOR_PROMPT)),
@@ -294,3 +300,18 @@ def test_span_sizes_follow_the_path() -> None:
     assert ShadowSettings(_env_file=None).span_sizes(cuda_fast=False) == ()
     assert ShadowSettings(_env_file=None, spans="8, 2,8").span_sizes(cuda_fast=False) == (2, 8)
     assert ShadowSettings(_env_file=None, spans="off").span_sizes(cuda_fast=True) == ()
+
+
+def test_the_store_settings_refuse_what_cannot_work_and_never_show_the_password() -> None:
+    with pytest.raises(SettingsError, match="QWEN38_SHADOW_STORE="):
+        ShadowSettings(_env_file=None, store="http://cache:6379")
+    for bad in (0, 10.5):
+        with pytest.raises(SettingsError, match="QWEN38_SHADOW_LEASE_S="):
+            ShadowSettings(_env_file=None, lease_s=bad)
+    s = ShadowSettings(_env_file=None, store="rediss://cache:6380/1", store_password="hunter2", lease_s=10)
+    assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
+    assert s.instance_name == f"{__import__('socket').gethostname()}:{os.getpid()}"
+    from shadow.backends.stores.redis_parks import masked
+
+    assert masked("redis://u:hunter2@cache:6379/0") == "redis://u:***@cache:6379/0"
+    assert masked("redis://cache:6379/0") == "redis://cache:6379/0"

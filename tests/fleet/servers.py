@@ -21,10 +21,24 @@ def need_redis() -> None:
         pytest.skip("redis-server and redis-cli are not installed (Debian's redis-server package; .ci/run installs it)")
 
 
-def free_port() -> int:
+def _free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(cluster: bool = False) -> int:
+    """A port free on loopback; for a cluster node, one whose bus port (port + 10000) is free too."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if not cluster or (port + 10000 <= 65535 and _free(port + 10000)):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisNode:
@@ -33,7 +47,7 @@ class RedisNode:
     def __init__(self, folder: Path, port: int | None = None, cluster: bool = False) -> None:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
+        self.port = port or free_port(cluster)
         self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -75,17 +89,22 @@ class RedisNode:
 
 def make_cluster(folder: Path, n: int = 3) -> list[RedisNode]:
     """``n`` masters, no replicas, every slot covered; waits until each node says the cluster is ok."""
-    nodes = [RedisNode(folder / f"node{i}", cluster=True).start() for i in range(n)]
-    assert REDIS_CLI is not None
-    r = subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{x.port}" for x in nodes),
-                        "--cluster-yes"], capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
+    nodes: list[RedisNode] = []
+    try:
+        for i in range(n):
+            nodes.append(RedisNode(folder / f"node{i}", cluster=True).start())
+        assert REDIS_CLI is not None
+        r = subprocess.run([REDIS_CLI, "--cluster", "create", *(f"127.0.0.1:{x.port}" for x in nodes),
+                            "--cluster-yes"], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {r.stdout[-500:]} {r.stderr[-500:]}")
+        deadline = time.monotonic() + 30
+        while not all("cluster_state:ok" in x.cli("CLUSTER", "INFO") for x in nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster never reached cluster_state:ok")
+            time.sleep(0.1)
+    except BaseException:
         for x in nodes:
             x.kill()
-        raise RuntimeError(f"redis-cli --cluster create failed: {r.stdout[-500:]} {r.stderr[-500:]}")
-    deadline = time.monotonic() + 30
-    while not all("cluster_state:ok" in x.cli("CLUSTER", "INFO") for x in nodes):
-        if time.monotonic() > deadline:
-            raise RuntimeError("the cluster never reached cluster_state:ok")
-        time.sleep(0.1)
+        raise
     return nodes

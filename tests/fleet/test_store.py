@@ -1,5 +1,6 @@
 """Issue 53 point 1: parked sessions in a shared Redis, in parts under a manifest and generations,
-restored by another instance exactly, and refused whole when a part is missing or wrong."""
+restored by another instance exactly, and refused whole when a part is missing or wrong, the
+manifest unreadable, or the park made under another identity."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_a_session_parked_by_one_process_is_restored_by_another_exactly(ckpt, tm
     b.close()
 
 
-@pytest.mark.parametrize("damage", ["deleted", "other_generation", "flipped"])
+@pytest.mark.parametrize("damage", ["deleted", "other_generation", "flipped", "identity", "manifest"])
 def test_a_part_missing_or_wrong_refuses_the_whole_park(ckpt, tmp_path, redis_node, damage):
     a = make(ckpt, tmp_path / "a", redis_node.url, "A", part_bytes=64 * 1024)
     first = ids_for(1, 300)
@@ -67,6 +68,11 @@ def test_a_part_missing_or_wrong_refuses_the_whole_park(ckpt, tmp_path, redis_no
         other = keys.part("t", int(json.loads(redis_node.cli("GET", keys.manifest("t")))["gen"]), 1)
         assert redis_node.cli("COPY", other, part, "REPLACE") == "1"
         b0.close()
+    elif damage == "identity":  # a park made under another dtype (or any field of the identity)
+        other = {**m, "identity": {**m["identity"], "dtype": "bfloat16"}}
+        redis_node.client().set(keys.manifest("s"), json.dumps(other))
+    elif damage == "manifest":
+        redis_node.client().set(keys.manifest("s"), b'{"version": "shadow-manifest-1", "parts": [[1,')
     else:
         raw = bytearray(redis_node.client().get(part))
         raw[100] ^= 1
@@ -74,7 +80,7 @@ def test_a_part_missing_or_wrong_refuses_the_whole_park(ckpt, tmp_path, redis_no
     b = make(ckpt, tmp_path / "b", redis_node.url, "B", part_bytes=64 * 1024)
     b.feed_prompt("s", first + ids_for(2, 200))
     assert b.position("s").committed == 0  # refused whole: read again from the start
-    reason = "part_missing" if damage == "deleted" else "part_wrong"
+    reason = {"deleted": "part_missing", "identity": "identity", "manifest": "manifest"}.get(damage, "part_wrong")
     assert [r.split(":")[0] for _, r in b.disk.refused] == [reason]
     assert b.sharing().parks_refused == 1
     assert redis_node.cli("EXISTS", keys.manifest("s")) == "0"  # the refused park is deleted

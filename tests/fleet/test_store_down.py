@@ -4,6 +4,8 @@ crash; parks fall back to the local disk, new sessions are followed here unshare
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shadow.adapters.metrics import Metrics
@@ -29,6 +31,7 @@ def test_redis_killed_then_restarted_empty_no_wrong_load_sessions_read_again(ckp
     a.feed_prompt("s1", one)
     a.read()
     a.park("s1")  # in the store and on A's disk
+    assert a.sharing().store == "up", a.sharing().last_error
     assert redis_node.cli("EXISTS", keys.manifest("s1")) == "1"
     assert gauge(metrics, "shadow_store_up") == 1
 
@@ -47,6 +50,7 @@ def test_redis_killed_then_restarted_empty_no_wrong_load_sessions_read_again(ckp
         assert exact(a, name)
 
     redis_node.start()  # the same port, empty
+    time.sleep(1.0)  # A asks a store that failed it again after a lease (LEASE_S=1): at least that long
     b = make(ckpt, tmp_path / "b", redis_node.url, "B")
     b.feed_prompt("s1", one + ids_for(3, 70) + ids_for(4, 10))  # nothing in the store: read again
     assert b.position("s1").committed == 0 and b.sharing().store == "up"

@@ -164,6 +164,11 @@ class DiskStore:
 
     # ---- a park that came from elsewhere (the shared store's tier, tiered.py) -----------------
 
+    @property
+    def identity(self) -> dict[str, str]:
+        """The fields a parked file must match to load here (what a shared store's manifest records)."""
+        return self._identity
+
     def park_of(self, name: str) -> tuple[Path, str] | None:
         """The session's parked file and its checksum (the park's identity), None when none."""
         e = self._index.get(name)

@@ -75,6 +75,7 @@ class RedisLeases:
         self._last: dict[str, int] = {}  # session -> the last epoch this instance held it under
         self._listeners: list[Callable[[str], None]] = []
         self.up = True
+        self._retry_at = 0.0  # while down, the store is not asked again before this (a dead host costs a timeout)
         self.last_error = ""
         self.lost = 0
         self.stale_parks_refused = 0
@@ -88,6 +89,10 @@ class RedisLeases:
         with self._lock:
             if session in self._held:
                 return True
+        if not self.may_try():  # down a moment ago: followed here without waiting on the store again
+            with self._lock:
+                self._unshared.add(session)
+            return False
         k = self.keys
         try:
             ok, value = self._take(keys=[k.lease(session), k.epoch(session)],
@@ -155,11 +160,17 @@ class RedisLeases:
     def holder(self, session: str) -> str:
         return f"{self.instance}:{self.epoch(session)}"
 
+    def may_try(self) -> bool:
+        """Whether to ask the store now: up, or down for at least a lease since it last failed (a
+        host that drops packets costs each call its timeout; the renewals keep trying meanwhile)."""
+        return self.up or self.clock() >= self._retry_at
+
     def trouble(self, err: BaseException) -> None:
         """The store could not be reached (or answered an error): the status says so."""
         if self.up:
             log.warning("the shared store %s is unreachable: %s", self.url, err)
         self.up, self.last_error = False, f"{type(err).__name__}: {str(err)[:200]}"
+        self._retry_at = self.clock() + self.lease_ms / 1000
 
     def fine(self) -> None:
         if not self.up:

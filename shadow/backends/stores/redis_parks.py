@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,10 @@ from urllib.parse import urlsplit, urlunsplit
 from shadow.core.errors import LeaseLost
 
 PART_BYTES = 8 * 2**20  # Redis caps a value at 512 MB, and one large value blocks its one thread
+BATCH = 8  # parts a pipeline carries at once: one round trip per 64 MiB, its hashes on threads meanwhile
+HASHERS = 4  # SHA-256 threads (hashlib lets go of the GIL on large buffers)
 MANIFEST_VERSION = "shadow-manifest-1"
 MAX_MANIFEST_CHARS = 1_000_000  # 8 MiB parts: about 13,000 parts, 100 GB of park
-PASSWORD_ENV = "QWEN38_SHADOW_STORE_PASSWORD"
 
 # KEYS: manifest, epoch, lease. ARGV: new manifest, park's epoch, "<instance>:<epoch>", the parks' TTL
 # and the lease's, in ms.
@@ -66,6 +68,10 @@ return {1, old}
 """
 
 
+def _sha256(data: bytes | None) -> str:
+    return "" if data is None else hashlib.sha256(data).hexdigest()
+
+
 class PartRefused(Exception):
     """A park in the store that must not load; ``reason`` is a bounded label, the message says more."""
 
@@ -85,14 +91,13 @@ def masked(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(url: str, cluster: bool = False, timeout_s: float = 2.0) -> Any:
+def connect(url: str, password: str = "", cluster: bool = False, timeout_s: float = 2.0) -> Any:
     """A redis-py client for ``url`` (``redis://`` or ``rediss://``): one node, or with ``cluster``
-    the cluster that node belongs to. The password comes from QWEN38_SHADOW_STORE_PASSWORD, else the URL."""
+    the cluster that node belongs to. ``password`` (STORE_PASSWORD) wins over the URL's."""
     import redis
     import redis.cluster
 
     kw: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    password = os.environ.get(PASSWORD_ENV)
     if password:
         kw["password"] = password
     if cluster:
@@ -187,16 +192,20 @@ class RedisParks:
         self.client.pexpire(k.gen(session), self.ttl_ms)
         parts: list[tuple[int, str]] = []
         try:
-            with open(path, "rb") as f:
-                while chunk := f.read(self.part_bytes):
-                    self.client.set(k.part(session, gen, len(parts)), chunk, px=self.ttl_ms)
-                    parts.append((len(chunk), hashlib.sha256(chunk).hexdigest()))
+            with open(path, "rb") as f, ThreadPoolExecutor(HASHERS) as pool:
+                while batch := [c for c in (f.read(self.part_bytes) for _ in range(BATCH)) if c]:
+                    pipe = self.client.pipeline(transaction=False)
+                    for i, chunk in enumerate(batch):
+                        pipe.set(k.part(session, gen, len(parts) + i), chunk, px=self.ttl_ms)
+                    digests = pool.map(_sha256, batch)
+                    parts += [(len(c), d) for c, d in zip(batch, digests, strict=True)]
+                    pipe.execute()
             m = Manifest(session, gen, epoch, holder, checksum, identity, sum(n for n, _ in parts), tuple(parts),
                          time.time())
             ok, old = self._switch(keys=[k.manifest(session), k.epoch(session), k.lease(session)],
                                    args=[m.dumps(), epoch, holder, self.ttl_ms, lease_ms])
         except BaseException:
-            self._drop_parts(session, gen, len(parts) + 1)
+            self._drop_parts(session, gen, len(parts) + BATCH)
             raise
         if not int(ok):
             self._drop_parts(session, gen, len(parts))
@@ -216,14 +225,19 @@ class RedisParks:
         """Assemble ``m``'s parts into the file ``into`` (fsynced). PartRefused when a part is missing
         or differs from the manifest (``into`` then removed)."""
         try:
-            with open(into, "wb") as f:
-                for i, (n, digest) in enumerate(m.parts):
-                    data = self.client.get(self.keys.part(m.session, m.gen, i))
-                    if data is None:
-                        raise PartRefused("part_missing", f"part {i} of generation {m.gen} is missing")
-                    if len(data) != n or hashlib.sha256(data).hexdigest() != digest:
-                        raise PartRefused("part_wrong", f"part {i} of generation {m.gen} differs from its manifest")
-                    f.write(data)
+            with open(into, "wb") as f, ThreadPoolExecutor(HASHERS) as pool:
+                for start in range(0, len(m.parts), BATCH):
+                    pipe = self.client.pipeline(transaction=False)
+                    for i in range(start, min(start + BATCH, len(m.parts))):
+                        pipe.get(self.keys.part(m.session, m.gen, i))
+                    got = pipe.execute()
+                    for i, (data, digest) in enumerate(zip(got, pool.map(_sha256, got), strict=True), start):
+                        n, want = m.parts[i]
+                        if data is None:
+                            raise PartRefused("part_missing", f"part {i} of generation {m.gen} is missing")
+                        if len(data) != n or digest != want:
+                            raise PartRefused("part_wrong", f"part {i} of generation {m.gen} differs from its manifest")
+                        f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
         except BaseException:

@@ -25,7 +25,6 @@ from shadow.core.errors import LeaseLost
 from shadow.core.protocols import Stored, Telemetry
 from shadow.core.session import SessionBook
 
-from . import parked
 from .disk import DiskStore
 from .redis_leases import RedisLeases
 from .redis_parks import Manifest, PartRefused, RedisParks
@@ -43,10 +42,6 @@ class TieredStore:
         # what a person looking at a refusal reads (DiskStore's are in disk.refused)
         self.refused: list[tuple[str, str]] = []
 
-    @property
-    def _identity(self) -> dict[str, str]:
-        return parked.identity(self.disk.weights_hash, self.disk.reader.grid, self.disk.reader.dtype)
-
     def _count(self, name: str, labels: dict[str, str] | None = None) -> None:
         if self.telemetry is not None:
             self.telemetry.count(name, 1, labels)
@@ -59,9 +54,12 @@ class TieredStore:
         park = self.disk.park_of(name)
         if epoch is None or park is None:  # unshared: followed here only
             return size
+        if not self.leases.may_try():  # down a moment ago: local only, without a timeout's wait
+            self._count("store_park_failures")
+            return size
         path, checksum = park
         try:
-            self.parks.put(name, path, checksum, self._identity, epoch, f"{self.leases.instance}:{epoch}",
+            self.parks.put(name, path, checksum, self.disk.identity, epoch, f"{self.leases.instance}:{epoch}",
                            self.leases.lease_ms)
         except LeaseLost:
             self.leases.refused(stale=True)
@@ -78,6 +76,8 @@ class TieredStore:
 
     def peek(self, name: str) -> tuple[SessionBook, Any] | None:
         local = self.disk.park_of(name)
+        if not self.leases.may_try():
+            return self.disk.peek(name) if local is not None else None
         try:
             m = self.parks.manifest(name)
         except PartRefused as e:
@@ -99,6 +99,8 @@ class TieredStore:
 
     def remove(self, name: str) -> None:
         self.disk.remove(name)
+        if not self.leases.may_try():  # its park in the store expires with the TTL
+            return
         try:
             self.parks.remove(name, self.leases.instance)
         except Exception as e:
@@ -122,8 +124,9 @@ class TieredStore:
     # ---- from the store ----------------------------------------------------------------------
 
     def _from_store(self, name: str, m: Manifest) -> tuple[SessionBook, Any] | None:
-        if m.identity != self._identity:
-            self._refuse(name, PartRefused("identity", f"parked under {m.identity}, this reader has {self._identity}"))
+        if m.identity != self.disk.identity:
+            why = f"parked under {m.identity}, this reader has {self.disk.identity}"
+            self._refuse(name, PartRefused("identity", why))
             return None
         tmp = self.disk.incoming(name)
         try:
