@@ -538,6 +538,19 @@ def back_above(samples: Sequence[tuple[float, int, bool]], t0: float, t1: float,
     return (max(under) + 1) * window_s if under else 0.0
 
 
+def under(samples: Sequence[tuple[float, int, bool]], t0: float, t1: float, grid: int,
+          window_s: float = 10.0) -> list[dict[str, Any]]:
+    """The ``window_s`` windows from ``t0`` to ``t1`` whose turn starts were under 90 % fresh: where each
+    begins (s after ``t0``), its turn starts, how many of them fresh, and of the moved sessions."""
+    out = []
+    for w in range(math.ceil((t1 - t0) / window_s)):
+        got = [s for s in samples if t0 + w * window_s <= s[0] < t0 + (w + 1) * window_s]
+        if got and (share(got, grid) or 0.0) < FRESH_TARGET:
+            out.append({"from_s": w * window_s, "turns": len(got), "fresh": sum(b < grid for _, b, _ in got),
+                        "moved": sum(m for _, _, m in got), "moved_fresh": sum(m and b < grid for _, b, m in got)})
+    return out
+
+
 def peaks(events: Sequence[tuple[float, float, int]], windows: Sequence[int] = (1, 10)) -> dict[str, float]:
     """Peak GB/s over windows of each length: an event (begin, end, bytes) spread evenly over its
     time (begin == end: all at once)."""
@@ -573,6 +586,7 @@ def report(run: dict[str, Any], k: FleetKnobs, copy_gbps: float | None) -> dict[
             "moved_fresh_minute_after": share([s for s in moved if t <= s[0] < t + 60], g),
             "moved_turn_starts_minute_after": sum(1 for s in moved if t <= s[0] < t + 60),
             "back_above_90_s": back_above(samples, t, t_next, g),
+            "under_90_windows": under(samples, t, t_next, g),
             "moved_back_above_90_s": back_above(moved, t, t_next, g)})
     sums = {key: sum(r[key] for r in run["instances"]) for key in ("ration_s", "idle_s", "reader_s", "reread_s",
                                                                     "decoding_s")}
