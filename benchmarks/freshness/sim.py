@@ -114,6 +114,10 @@ class SimReader:
     def attention(self) -> str:
         return "simulated"  # no kernel runs
 
+    @property
+    def fingerprint(self) -> str:
+        return "simulated"  # no arithmetic: nothing parked here is restored under another
+
     def batch_sizes(self) -> dict[int, str]:
         return dict.fromkeys(sorted({1, self.max_batch}), "ok")  # nothing captured, nothing to check
 

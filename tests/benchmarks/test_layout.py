@@ -16,8 +16,8 @@ from benchmarks.common import keep_newest, result_path
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 # what a user runs: packages (``python -m benchmarks.NAME`` runs NAME/run.py) and single scripts
-PACKAGES = ("read_rate", "freshness", "ab_cost", "concurrency", "soak")
-SCRIPTS = ("warm_start",)
+PACKAGES = ("read_rate", "freshness", "ab_cost", "concurrency", "soak", "scale_out")
+SCRIPTS = ("warm_start", "arithmetic_check")
 SHARED = ("common",)  # the helpers every benchmark uses: what it records, where results go
 
 
