@@ -16,8 +16,10 @@ CASES = {
 }
 
 
-# the compaction replay reads ~99k ids on the CPU: among the suite's slowest, so `make check` leaves it out
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c == "claude-code-compaction" else c
+# the compaction replay reads ~99k ids on the CPU and the OpenHands one ~30 s: among the suite's slowest, so
+# `make check` leaves them out
+SLOW_CASES = ("claude-code-compaction", "openhands")
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c
                                   for c in sorted(CASES)])
 def test_verify_real_session(shared_data, tmp_path, capsys, case):
     path, turns = CASES[case]

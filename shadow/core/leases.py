@@ -11,25 +11,9 @@ which drop the local copy without parking it. The Redis implementation is
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
-StoreState = Literal["off", "up", "down"]
-
-
-@dataclass(frozen=True, slots=True)
-class Sharing:
-    """What the status and ``/ready`` say of the shared store."""
-
-    store: StoreState  # off: no STORE; up: reachable at the last look; down: not
-    instance: str  # this instance's name in leases
-    url: str  # the store's URL, the password masked
-    held: int  # sessions this instance holds a lease on
-    unshared: int  # resident sessions followed without a lease (taken while the store was down)
-    lost: int  # sessions dropped because another instance took their lease
-    stale_parks_refused: int  # parks the store refused because a newer holder had the session
-    parks_refused: int  # parks in the store refused on reading (a part missing or wrong, another identity)
-    last_error: str  # the last error talking to the store ("" when none)
+from .records import Sharing
 
 
 class Leases(Protocol):

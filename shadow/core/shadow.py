@@ -20,11 +20,11 @@ from typing import Any
 
 from .costs import ChunkCosts, fits
 from .errors import BadInput, StateLost, UnknownSession
-from .leases import Leases, Sharing
+from .leases import Leases
 from .plan import ALL_READY, ReadPlan
 from .protocols import Prompter, Reader, StateStore, Telemetry, Window
 from .questions import choice_tokens, question_ids
-from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, StoreStatus
+from .records import Answer, ChunkRead, SessionStatus, ShadowStatus, Sharing, StoreStatus
 from .residency import Residency
 from .session import Position, first_difference, int32_or_none
 from .token_ids import checked, packed

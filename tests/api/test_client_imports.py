@@ -11,7 +11,7 @@ import sys
 CLIENT_SET = {
     "shadow", "shadow.api", "shadow.api.client", "shadow.api.paths", "shadow.api.responses",
     "shadow.adapters", "shadow.adapters.records",
-    "shadow.core", "shadow.core.errors", "shadow.core.leases", "shadow.core.profiles", "shadow.core.records",
+    "shadow.core", "shadow.core.errors", "shadow.core.profiles", "shadow.core.records",
 }
 
 

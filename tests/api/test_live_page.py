@@ -41,6 +41,7 @@ def feed_turn(host: ShadowClient, clock: FakeClock, rid: str, session: str, prom
     host.finished(rid, rounds[-1])
 
 
+@pytest.mark.slow  # a real Chromium following a live service (about 40 s of the inner loop on 2 cores)
 def test_the_page_shows_the_session_and_its_narration_as_it_comes(checkpoint: Path, tmp_path: Path) -> None:
     binary = find()
     if binary is None:

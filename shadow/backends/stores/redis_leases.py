@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from shadow.core.errors import HeldElsewhere
-from shadow.core.leases import Sharing
 from shadow.core.protocols import Telemetry
+from shadow.core.records import Sharing
 
 from .redis_parks import Keys
 
