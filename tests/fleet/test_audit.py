@@ -13,6 +13,7 @@ import torch
 from shadow.backends.qwen35.checkpoint import write_checkpoint
 from shadow.backends.stores.redis_parks import Keys
 from shadow.core.errors import HeldElsewhere
+from shadow.core.plan import ReadPlan
 from tests.backends.tiny import tiny
 
 from .fleet import exact, make
@@ -74,7 +75,7 @@ def test_a_thousand_sessions_on_two_instances_one_holder_each_all_exact(small, t
             redirected += 1
         moved += s in last and last[s] != server
         last[s] = server
-        instances[rng.choice("AB")].read(max_chunks=1)
+        instances[rng.choice("AB")].read(ReadPlan(max_chunks=1))
         if k % 25 == 0:
             audit(instances, redis_node, keys)
     audit(instances, redis_node, keys)
