@@ -24,6 +24,7 @@ def test_a_slower_reader_slows_the_replay_as_much_within_its_bound() -> None:
     assert DEMO_REPLAY_S * 1.0 < 120.0
 
 
+@pytest.mark.slow  # the whole demo on its timeline (about 9 s of the inner loop)
 def test_the_demo_prints_the_chunk_cost_it_measured(checkpoint: Path, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["demo", "--model", str(checkpoint), "--home", str(tmp_path), "--grid", "64", "--speed", "20"])

@@ -90,6 +90,7 @@ def test_tritons_cache_goes_under_dir_unless_the_user_set_it(tmp_path: Path) -> 
     assert triton_cache(s, env) == "/somewhere/else" == env["TRITON_CACHE_DIR"]
 
 
+@pytest.mark.slow  # the warm-start measurement end to end on the CPU (about 13 s of the inner loop)
 def test_the_gpu_measurement_walks_every_step_on_the_cpu(model: Path, tmp_path: Path) -> None:
     out = tmp_path / "warm_start.json"
     assert main(["--model", str(model), "--out", str(out), "--device", "cpu", "--dtype", "float32",

@@ -132,6 +132,7 @@ def _ask(client: openai.OpenAI, model: str, req: Any, stream: bool) -> Any:
     return _streamed([_dump(c) for c in chunks])
 
 
+@pytest.mark.slow  # starts transformers serve (about 22 s of the inner loop; make test runs it)
 def test_a_real_engine_behind_the_proxy(shared_data: Path, engine: Engine, stack: tuple[Stack, Tap]) -> None:
     proxy_stack, tap = stack
     proxy = proxy_stack.proxy

@@ -24,11 +24,12 @@ def test_the_page_on_the_proxy_shows_the_proxy(stack_of: Any, tmp_path: Path) ->
     try:
         browser.page("Runtime.enable")
         browser.page("Page.navigate", {"url": stack.url + BASE})
-        browser.wait_for("!document.getElementById('token').hidden", "the page to ask for the token")
+        browser.wait_for("document.getElementById('token')?.hidden === false", "the page to ask for the token")
         browser.evaluate(f"document.getElementById('token-value').value = {TOKEN!r};"
                          "document.getElementById('token').requestSubmit(); true")
-        section = browser.wait_for("!document.getElementById('proxy').hidden && "
-                                   "document.getElementById('proxy-body').textContent", "the proxy section")
+        # null-safe: while the form's POST and its redirect load, the document has no such elements yet
+        section = browser.wait_for("document.getElementById('proxy')?.hidden === false && "
+                                   "document.getElementById('proxy-body')?.textContent", "the proxy section")
         assert f"upstream: {stack.upstream_url}" in section and "engine: transformers" in section
         assert "turns: 0" in section and "engine unreachable: 0" in section
         assert browser.evaluate("location.pathname") == BASE  # back on the page the form was posted from
